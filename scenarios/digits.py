@@ -1,0 +1,39 @@
+"""Split digits: scikit-learn's bundled 8x8 handwritten digits (1,797 images), the embedded default scenario."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from clbench.protocol import Scenario, ScenarioInfo
+from clbench.registry import SCENARIOS
+from clbench.streams import class_incremental, increments_for, seeded_class_order
+
+DIGITS_MEAN, DIGITS_STD = 4.8842 / 16, 6.0168 / 16   # pixel statistics of the 1,797 images, scaled to [0, 1]
+
+
+@SCENARIOS.register("split_digits")
+def split_digits(*, seed: int = 0, n_experiences: int = 5, class_order: str = "fixed", test_fraction: float = 0.3,
+                 task_aware: bool = False) -> Scenario:
+    """Digits 0-9 in ``n_experiences`` class-incremental steps (5 x 2 classes by default).
+
+    The train/test split is fixed (stratified, ``random_state=0``) so that every seed sees the same test set;
+    ``class_order="fixed"`` keeps 0..9, ``"random"`` draws the order from ``seed``. Images are (1, 8, 8),
+    scaled to [0, 1] and normalized with the mean/std above.
+    """
+    digits = load_digits()
+    x = digits.images.astype(np.float32)[:, None] / 16.0
+    x = (x - DIGITS_MEAN) / DIGITS_STD
+    x_tr, x_te, y_tr, y_te = train_test_split(x, digits.target, test_size=test_fraction, random_state=0,
+                                              stratify=digits.target)
+    orders = {"fixed": lambda: list(range(10)), "random": lambda: seeded_class_order(10, seed)}
+    if class_order not in orders:
+        raise ValueError(f"split_digits: class_order must be one of {sorted(orders)}, got {class_order!r}.")
+    info = ScenarioInfo(name="split_digits", n_classes=10,
+                        classes_per_experience=tuple(increments_for(10, n_experiences)),
+                        input_shape=(1, 8, 8), mean=(DIGITS_MEAN,), std=(DIGITS_STD,), task_aware=task_aware,
+                        default_model="mlp")
+    return class_incremental(info, torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te),
+                             torch.from_numpy(y_te), orders[class_order]())
