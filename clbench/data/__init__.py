@@ -1,0 +1,34 @@
+"""Local dataset roots, content checksums, readers and explicit downloads.
+
+API for the CLI::
+
+    clbench.data.configure(data_root=args.data_root, download=args.download)   # --data-root PATH, --download
+
+after which every scenario finds its data through :func:`load` / :func:`locate`, searching (first match wins)
+the ``data_root`` argument or the configured one, ``$CLBENCH_DATA``, ``~/.cache/clbench``, ``/usr/share/datasets``.
+Nothing is ever downloaded unless ``download=True`` was configured; a missing dataset raises
+:class:`DatasetNotFound` naming every path searched, the files expected and how to fix it, and a known file with
+the wrong content raises :class:`ChecksumMismatch`. ``clbench.data.search_roots()`` lists the roots in order.
+
+Modules: ``roots`` (search order, settings), ``checksums`` (content md5), ``readers`` (idx, npz, CIFAR pickle,
+image folders, class lists), ``catalog`` (known datasets: layouts, checksums, :func:`load`), ``download``
+(torchvision's download code), ``tensors`` (uint8 arrays -> normalized tensors, per-class subsets).
+"""
+
+from clbench.data.catalog import (
+    CIFAR100,
+    FASHION_MNIST,
+    MNIST,
+    DatasetNotFound,
+    DatasetSpec,
+    Layout,
+    SplitArrays,
+    image_folder_dataset,
+    load,
+    locate,
+)
+from clbench.data.checksums import ChecksumMismatch
+from clbench.data.roots import configure, search_roots
+
+__all__ = ["CIFAR100", "FASHION_MNIST", "MNIST", "ChecksumMismatch", "DatasetNotFound", "DatasetSpec", "Layout",
+           "SplitArrays", "configure", "image_folder_dataset", "load", "locate", "search_roots"]

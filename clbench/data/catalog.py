@@ -1,0 +1,194 @@
+"""Known datasets: where they may lie under a data root, which files they need, their checksums, how to read them.
+
+A :class:`DatasetSpec` lists one or more :class:`Layout` s (e.g. our ``mnist/`` folder of idx files, or
+torchvision's ``MNIST/raw/``). :func:`locate` tries every data root (see :mod:`clbench.data.roots`) and every layout
+in order, takes the first one whose files all exist (an idx file may be stored as ``name`` or ``name.gz``),
+verifies the known files' content checksums, and otherwise downloads (only when enabled) or raises
+:class:`DatasetNotFound`. :func:`load` then reads the arrays with the layout's reader.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from clbench.data import download, readers
+from clbench.data.checksums import verify
+from clbench.data.roots import ENV_VAR, download_enabled, download_root, search_roots
+
+PathLike = str | os.PathLike
+
+
+@dataclass(frozen=True)
+class SplitArrays:
+    """A dataset in memory: images ``(N, H, W, C)`` uint8, labels ``(N,)`` int64 in ``0..n_classes-1``."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    class_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``folder`` (relative to a data root, or absolute) holding ``files`` (name -> content md5, ``None`` when not
+    checked, e.g. sub-folders); ``read`` turns the found paths (by name) into arrays. With ``gzip_ok`` a file may
+    also be stored as ``name.gz``."""
+
+    folder: str
+    files: Mapping[str, str | None]
+    read: Callable[[dict[str, Path]], SplitArrays]
+    gzip_ok: bool = False
+
+    def find(self, root: Path) -> dict[str, Path] | None:
+        """The path of every file under ``root / folder``, or None if one is missing."""
+        found = {}
+        for name in self.files:
+            candidates = [root / self.folder / name] + ([root / self.folder / f"{name}.gz"] if self.gzip_ok else [])
+            hit = next((p for p in candidates if p.exists()), None)
+            if hit is None:
+                return None
+            found[name] = hit
+        return found
+
+    def describe(self) -> str:
+        suffix = "[.gz]" if self.gzip_ok else ""
+        return f"{self.folder}/{{{', '.join(name + suffix for name in self.files)}}}"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    layouts: tuple[Layout, ...]
+    download: Callable[[Path], None] | None = None
+    how_to_get: str = ""          # shown when there is no automatic download
+
+
+class DatasetNotFound(FileNotFoundError):
+    """No data root holds the dataset; the message names every path searched and the files expected."""
+
+    def __init__(self, spec: DatasetSpec, roots: Sequence[Path], data_root: PathLike | None) -> None:
+        searched = dict.fromkeys(str(root / layout.folder) for root in roots for layout in spec.layouts)
+        expected = " or ".join(layout.describe() for layout in spec.layouts)
+        fetch = (f", or rerun with --download (fetches it into {download_root(data_root)})" if spec.download
+                 else f" (no automatic download: {spec.how_to_get})")
+        super().__init__(
+            f"dataset {spec.name!r} not found. Searched:\n" + "".join(f"  {p}\n" for p in searched)
+            + f"Expected under a data root: {expected}.\n"
+            f"To fix: set {ENV_VAR}=<a root holding it>, pass --data-root <root>{fetch}.")
+
+
+def locate(spec: DatasetSpec, data_root: PathLike | None = None) -> tuple[Layout, dict[str, Path]]:
+    """The first layout found under the search roots and its verified file paths (downloading only if enabled)."""
+    roots = search_roots(data_root)
+    hit = _first_hit(spec, roots)
+    if hit is None and spec.download is not None and download_enabled():
+        target = download_root(data_root)
+        target.mkdir(parents=True, exist_ok=True)
+        spec.download(target)
+        hit = _first_hit(spec, [target])
+    if hit is None:
+        raise DatasetNotFound(spec, roots, data_root)
+    layout, paths = hit
+    for name, md5 in layout.files.items():
+        if md5 is not None:
+            verify(paths[name], md5)
+    return layout, paths
+
+
+def load(spec: DatasetSpec, data_root: PathLike | None = None) -> SplitArrays:
+    """Locate, verify and read ``spec``."""
+    layout, paths = locate(spec, data_root)
+    return layout.read(paths)
+
+
+def _first_hit(spec: DatasetSpec, roots: Sequence[Path]) -> tuple[Layout, dict[str, Path]] | None:
+    for root in roots:
+        for layout in spec.layouts:
+            paths = layout.find(root)
+            if paths is not None:
+                return layout, paths
+    return None
+
+
+# --- idx datasets (MNIST, Fashion-MNIST) -----------------------------------------------------------------------
+
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def _read_idx_split(paths: dict[str, Path]) -> SplitArrays:
+    x_train, y_train, x_test, y_test = (readers.read_idx(paths[name]) for name in IDX_FILES)
+    return SplitArrays(x_train[..., None], y_train.astype(np.int64), x_test[..., None], y_test.astype(np.int64))
+
+
+def _idx_dataset(name: str, folders: Sequence[str], md5s: Sequence[str], fetch: Callable[[Path], None]) -> DatasetSpec:
+    files = dict(zip(IDX_FILES, md5s))
+    return DatasetSpec(name, tuple(Layout(folder, files, _read_idx_split, gzip_ok=True) for folder in folders), fetch)
+
+
+# md5 of the uncompressed idx bytes (the official contents; .gz bytes differ between re-compressions)
+MNIST = _idx_dataset("mnist", ("mnist", "MNIST/raw"),
+                     ("6bbc9ace898e44ae57da46a324031adb", "a25bea736e30d166cdddb491f175f624",
+                      "2646ac647ad5339dbf082846283269ea", "27ae3e4e09519cfbb04c329615203637"),
+                     download.download_mnist)
+FASHION_MNIST = _idx_dataset("fashion_mnist", ("fashion-mnist", "FashionMNIST/raw"),
+                             ("f4a8712d7a061bf5bd6d2ca38dc4d50a", "9018921c3c673c538a1fc5bad174d6f9",
+                              "8181f5470baa50b63fa0f6fddb340f0a", "15d484375f8d13e6eb1aabb0c3f46965"),
+                             download.download_fashion_mnist)
+
+
+# --- CIFAR-100 -------------------------------------------------------------------------------------------------
+
+def _read_cifar_npz(paths: dict[str, Path]) -> SplitArrays:
+    arrays = readers.read_npz(paths["cifar100.npz"])
+    return SplitArrays(arrays["x_train"], arrays["y_train"].astype(np.int64),
+                       arrays["x_test"], arrays["y_test"].astype(np.int64))
+
+
+def _read_cifar_pickles(paths: dict[str, Path]) -> SplitArrays:
+    return SplitArrays(*readers.read_cifar_pickle(paths["train"]), *readers.read_cifar_pickle(paths["test"]))
+
+
+CIFAR100 = DatasetSpec("cifar100", (
+    # the official python pickles, as torchvision downloads them (md5s from torchvision.datasets.CIFAR100)
+    Layout("cifar-100-python", {"train": "16019d7e3df5f24257cddd939b257f8d",
+                                "test": "f0ef6b0ae62326f3e7ffdfab6717acfc"}, _read_cifar_pickles),
+    # a known re-split: x_train (50000, 32, 32, 3), y_train, x_test (10000, 32, 32, 3), y_test; stratified
+    # 500/100 images per class drawn from all 60,000 images (NOT the official train/test split)
+    Layout("cifar100", {"cifar100.npz": "ae65c9503ccd551e5da0205329b70f8a"}, _read_cifar_npz),
+), download.download_cifar100)
+
+
+# --- ImageNet-style image folders ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ImageFolderRead:
+    """Reads ``train/`` and ``val/`` of an image-folder root; classes are ``classes`` or all folders of ``train/``
+    (sorted), label ``i`` = ``classes[i]``."""
+
+    classes: tuple[str, ...] | None = None
+    size: int | None = None
+
+    def __call__(self, paths: dict[str, Path]) -> SplitArrays:
+        classes = self.classes or tuple(readers.list_classes(paths["train"]))
+        x_train, y_train = readers.read_image_folder(paths["train"], classes, self.size)
+        x_test, y_test = readers.read_image_folder(paths["val"], classes, self.size)
+        return SplitArrays(x_train, y_train, x_test, y_test, class_names=classes)
+
+
+def image_folder_dataset(folder: str, classes: Sequence[str] | None = None, size: int | None = None) -> DatasetSpec:
+    """An ImageNet-style root ``<folder>/{train,val}/<wnid>/*.JPEG``; ``folder`` is relative to a data root, or
+    absolute (then it is the only place searched)."""
+    read = ImageFolderRead(tuple(classes) if classes else None, size)
+    return DatasetSpec(folder, (Layout(folder, {"train": None, "val": None}, read),),
+                       how_to_get="ImageNet cannot be downloaded automatically (licence); place an image-folder copy "
+                                  f"with train/ and val/ sub-folders at {_place(folder)}")
+
+
+def _place(folder: str) -> str:
+    return folder if Path(folder).is_absolute() else f"<root>/{folder}"
