@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -42,11 +41,11 @@ def ridge(params: Iterable[Tensor]) -> Tensor:
 
 
 def tangent_objective(name: str, alpha: float, kappa: float, ridge_lambda: float
-                      ) -> Callable[[Tensor, Tensor, Iterable[Tensor]], Tensor]:
-    """``(logits, target, Δs) -> loss(logits, target) + λ ‖Δ‖²`` for the loss registered as ``name``."""
+                      ) -> Callable[..., Tensor]:
+    """``(logits, target, Δs=()) -> loss(logits, target) + λ ‖Δ‖²`` for the loss registered as ``name``."""
     loss = LOSSES.get(name)
 
-    def objective(logits: Tensor, target: Tensor, deltas: Iterable[Tensor]) -> Tensor:
+    def objective(logits: Tensor, target: Tensor, deltas: Iterable[Tensor] = ()) -> Tensor:
         value = loss(logits, target, alpha=alpha, kappa=kappa)
         return value + ridge_lambda * ridge(deltas) if ridge_lambda else value
 

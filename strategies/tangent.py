@@ -1,0 +1,414 @@
+"""Tangent Transformers for continual learning and unlearning (Liu & Soatto, ICLR 2024) and their comparisons.
+
+Every strategy here starts from one ViT ``w0`` (a local checkpoint, ``init``) whose blocks before the last ``k`` stay
+frozen; their output tokens are cached per experience, so training runs the last ``k`` blocks only.
+
+- ``taft``: one tangent model ``Δ_t`` per experience, trained from ``w0`` on that experience alone; the deployed
+  model is ``compose(Δ_1..Δ_t)`` (Tangent Model Composition), one model's inference cost. No replay.
+- ``taft_shards``: each experience split into ``n_shards`` disjoint seeded shards, one tangent model per shard, all
+  composed; samples are removed by subtracting their shards (:meth:`forget`).
+- ``nlft``: ordinary non-linear fine-tuning of the same last ``k`` blocks + head, sequentially over experiences.
+- ``model_soup``: a non-linear copy per experience/shard from ``w0``, deployed as the average of their weights.
+- ``sisa``: a non-linear copy per shard, deployed as the average of their outputs (O(N) inference).
+
+Samples are identified by global ids: ``offset_t + i`` for sample ``i`` of training experience ``t`` in stream
+order. Inputs are used without random augmentation (the cached prefix is a function of the stored sample).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from clbench.protocol import ParamCount, ScenarioInfo
+from clbench.registry import MODELS, STRATEGIES
+from clbench.tangent import ShardComposition, cache_prefix, delta_hash, linearize, reset_blocks, split_shards
+from clbench.tangent.losses import tangent_objective
+from clbench.tangent.tail import TailModel
+from clbench.tangent.train import OPTIMIZERS, FitSettings, fit
+
+WEIGHTINGS = ("uniform", "samples")
+
+
+@dataclass
+class FineTuneConfig:
+    """Shared by all strategies of this module. Defaults: the TAFT recipe as far as stated in the paper (last
+    attention block linearized, rescaled square loss α=1, κ=15); optimizer, lr and epochs are not taken from the
+    paper (set per preset), and the paper's ViT-L/16 ImageNet backbone is replaced by a local checkpoint."""
+
+    model_args: dict = field(default_factory=lambda: {"embed_dim": 128, "depth": 4, "num_heads": 4,
+                                                      "patch_size": 4})
+    init: str | None = None            # local checkpoint of the linearization point (run_bench.py pretrain)
+    last_blocks: int = 1               # k: blocks that are fine-tuned (TAFT-1 / NLFT-1 of the paper)
+    reset: bool = False                # re-initialize the last k blocks before fine-tuning
+    loss: str = "mse"                  # mse (rescaled square loss) | ce
+    alpha: float = 1.0
+    kappa: float = 15.0
+    ridge: float = 0.0                 # λ of the ridge penalty λ‖Δ‖² (tangent models only)
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    epochs: int = 5
+    batch_size: int = 32
+    eval_batch_size: int = 512
+    n_shards: int = 1                  # disjoint shards per experience, one member each
+    weighting: str = "uniform"         # uniform | samples: composition weights of the members
+    linearize_cls: bool = False        # tangent CLS token (taft only; disables the prefix cache)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+        if self.n_shards < 1 or self.epochs < 1 or self.last_blocks < 1:
+            raise ValueError("n_shards, epochs and last_blocks must be positive")
+
+    @property
+    def fit_settings(self) -> FitSettings:
+        return FitSettings(self.epochs, self.batch_size, self.lr, self.optimizer, self.weight_decay)
+
+
+@dataclass
+class ShardedTangentConfig(FineTuneConfig):
+    n_shards: int = 10
+
+
+@dataclass
+class NonlinearConfig(FineTuneConfig):
+    """Non-linear members are fine-tuned with cross-entropy by default (ordinary fine-tuning)."""
+
+    loss: str = "ce"
+
+
+@dataclass
+class SisaConfig(NonlinearConfig):
+    n_shards: int = 10
+
+
+CPU = {"epochs": 5, "batch_size": 32, "lr": 1e-3}
+FULL = {"model_args": {"embed_dim": 384, "depth": 6, "num_heads": 12, "patch_size": 4}, "epochs": 30,
+        "batch_size": 128, "lr": 1e-3}
+
+
+@dataclass(frozen=True)
+class RemovalRecord:
+    """What :meth:`ShardedFineTuning.forget` did: shards touched, ids asked and samples actually dropped,
+    hashes of the deployed weights before and after, and its wall time."""
+
+    mode: str
+    ids: list[int]
+    shards_touched: list[int]
+    samples_dropped: int
+    shards_left: int
+    hash_before: str
+    hash_after: str
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def experience_tensors(experience: Any, batch_size: int = 1024) -> tuple[Tensor, Tensor]:
+    """All ``(x, y)`` of an experience in dataset order, with its eval transform (no augmentation)."""
+    xs, ys = [], []
+    for x, y, *_ in DataLoader(experience.dataset.eval(), batch_size=batch_size, shuffle=False):
+        xs.append(x)
+        ys.append(y)
+    return torch.cat(xs), torch.cat(ys).long()
+
+
+class PrefixFineTuning:
+    """A ViT ``w0`` whose blocks before the last ``k`` are frozen and cached: the shared part of every strategy here
+    (model construction, cached inputs, prediction, parameter counts). Subclasses train and deploy."""
+
+    offline: ClassVar[bool] = False
+    Config: ClassVar[type] = FineTuneConfig
+    PRESETS: ClassVar[dict[str, dict]] = {"cpu": CPU, "full": FULL}
+
+    def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
+        self.info, self.device, self.config = info, torch.device(device), config
+        vit = MODELS.get("vit")(info, **{**config.model_args, "fused_attn": False, "init": config.init})
+        if config.reset:
+            reset_blocks(vit, config.last_blocks)
+        self.tangent = linearize(vit, config.last_blocks, linearize_cls=config.linearize_cls).to(self.device)
+        self.tail0 = TailModel(vit, config.last_blocks).to(self.device)
+        self.cached = self.tangent.prefix_cacheable
+        self.objective = tangent_objective(config.loss, config.alpha, config.kappa, 0.0)
+        self.seed = int(torch.randint(2**31 - 1, ()))      # drawn from the run's seeded global RNG
+
+    @torch.no_grad()
+    def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
+        return self._predict_tokens(self._inputs(x.to(self.device)))
+
+    def num_parameters(self) -> ParamCount:
+        """Parameters a deployed model holds: the frozen ViT ``w0`` plus its trained part (SISA: one per shard)."""
+        frozen = sum(b.numel() for b in self.tangent.linearization_point().values())
+        trainable = sum(p.numel() for p in self.tail0.parameters())
+        return ParamCount(total=frozen + trainable * (self._deployed_copies() - 1), trainable=trainable)
+
+    @torch.no_grad()
+    def _inputs(self, x: Tensor) -> Tensor:
+        """Cached prefix tokens ``(M, N, D)`` when the prefix carries no tangent, else the images."""
+        x = x.to(self.device, self.tangent.head.weight0.dtype)
+        return cache_prefix(self.tangent, x, self.config.eval_batch_size) if self.cached else x
+
+    def _tail_forward(self, tail: TailModel):
+        """``inputs -> logits`` of a non-linear tail (inputs are cached tokens or images)."""
+        if self.cached:
+            return tail
+        return lambda x: tail(self.tangent.prefix(x))
+
+    def _deployed_copies(self) -> int:
+        return 1
+
+    def _predict_tokens(self, inputs: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class ShardedFineTuning(PrefixFineTuning):
+    """Members trained independently on disjoint shards of each experience from the same ``w0``, then combined.
+
+    Subclasses define a member (:meth:`_train_member` returns its state: a ``Δ`` or tail weights) and how members
+    are combined for prediction (:meth:`_refresh`, :meth:`_predict_tokens`). Shard bookkeeping, state saving and
+    forgetting are shared.
+    """
+
+    def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
+        super().__init__(info, device, config)
+        self.composition = ShardComposition()
+        self.shards: dict[int, tuple[int, Tensor]] = {}     # shard key -> (experience, local sample indices)
+        self.offsets: list[int] = []                        # global id of each experience's first sample
+        self.n_samples = 0                                  # training samples seen so far
+        self.next_key = 0
+
+    def train(self, experience: Any) -> None:
+        t = len(self.offsets)
+        x, y = experience_tensors(experience)
+        self.offsets.append(self.n_samples)
+        self.n_samples += len(y)
+        inputs, y = self._inputs(x), y.to(self.device)
+        for local in split_shards(len(y), self.config.n_shards, seed=self.seed + 1_000_003 * (t + 1)):
+            key, self.next_key = self.next_key, self.next_key + 1
+            self.shards[key] = (t, local)
+            self._add_member(key, inputs, y, local)
+        self._refresh()
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {"members": float(len(self.composition.shards))}
+
+    # ---------------------------------------------------------------------------------------------- unlearning
+    def forget(self, ids: list[int], mode: str = "subtract", experiences: list | None = None) -> RemovalRecord:
+        """Remove the training samples with global ``ids``.
+
+        ``subtract``: drop every shard holding one of them from the composition (``S ← S − w_j Δ_j``) — no
+        training, the shard's other samples go too. ``retrain``: retrain those shards from ``w0`` on their remaining
+        samples (needs the training ``experiences``, in stream order) — SISA's exact unlearning.
+        """
+        if mode not in ("subtract", "retrain"):
+            raise ValueError(f"mode must be 'subtract' or 'retrain', got {mode!r}")
+        if mode == "retrain" and experiences is None:
+            raise ValueError("forget(mode='retrain') needs the training experiences.")
+        ids_t = torch.as_tensor(sorted({int(i) for i in ids}), dtype=torch.long)
+        before = delta_hash(self._deployed_state())
+        start = time.perf_counter()
+        touched, dropped = [], 0
+        data: dict[int, tuple[Tensor, Tensor]] = {}
+        for key, (t, local) in sorted(self.shards.items()):
+            hit = torch.isin(local + self.offsets[t], ids_t)
+            if not hit.any():
+                continue
+            touched.append(key)
+            self.composition.subtract([key])
+            keep = local[~hit] if mode == "retrain" else local[:0]
+            dropped += len(local) - len(keep)
+            if len(keep):
+                if t not in data:
+                    x, y = experience_tensors(experiences[t])
+                    data[t] = (self._inputs(x), y.to(self.device))
+                self.shards[key] = (t, keep)
+                self._add_member(key, *data[t], keep)
+            else:
+                del self.shards[key]
+        self._refresh()
+        return RemovalRecord(mode, ids_t.tolist(), touched, dropped, len(self.composition.shards), before,
+                             delta_hash(self._deployed_state()), time.perf_counter() - start)
+
+    def shard_ids(self) -> dict[int, list[int]]:
+        """Global sample ids held by each shard still in the composition."""
+        return {k: (local + self.offsets[t]).tolist() for k, (t, local) in self.shards.items()}
+
+    # ----------------------------------------------------------------------------------------------- state I/O
+    def save_state(self, directory: str | Path) -> Path:
+        """Everything :meth:`forget` needs: ``w0`` buffers, the members' states and weights, the shard index."""
+        path = Path(directory) / "strategy.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"tangent": self.tangent.state_dict(), "tail0": self.tail0.state_dict(),
+                    "members": self.composition.deltas, "weights": self.composition.weights,
+                    "shards": self.shards, "offsets": self.offsets, "n_samples": self.n_samples,
+                    "next_key": self.next_key, "seed": self.seed}, path)
+        return path
+
+    def load_state(self, directory: str | Path) -> None:
+        blob = torch.load(Path(directory) / "strategy.pt", map_location=self.device, weights_only=True)
+        self.tangent.load_state_dict(blob["tangent"])
+        self.tail0.load_state_dict(blob["tail0"])
+        self.composition = ShardComposition()
+        for key, state in blob["members"].items():
+            self.composition.add(key, state, blob["weights"][key])
+        self.shards = {k: (t, local.cpu()) for k, (t, local) in blob["shards"].items()}
+        self.offsets, self.n_samples = blob["offsets"], blob["n_samples"]
+        self.next_key, self.seed = blob["next_key"], blob["seed"]
+        self._refresh()
+
+    # ---------------------------------------------------------------------------------------------- internals
+    def _add_member(self, key: int, inputs: Tensor, targets: Tensor, local: Tensor) -> None:
+        """Train the member of shard ``key`` on ``inputs[local]`` and add it to the composition."""
+        index = local.to(self.device)
+        state = self._train_member(inputs[index], targets[index], self.seed + key)
+        weight = float(len(local)) if self.config.weighting == "samples" else 1.0
+        self.composition.add(key, state, weight)
+
+    def _train_member(self, inputs: Tensor, targets: Tensor, seed: int) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def _refresh(self) -> None:
+        raise NotImplementedError
+
+    def _deployed_state(self) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+
+class _TangentMembers(ShardedFineTuning):
+    """Members are tangent models ``Δ_i`` (fresh zeros each, trained with loss + λ‖Δ‖²); deployed: one tangent
+    model with ``Δ = Σ w_i Δ_i / Σ w_i``."""
+
+    def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
+        super().__init__(info, device, config)
+        self.objective = tangent_objective(config.loss, config.alpha, config.kappa, config.ridge)
+        self.deployed = copy.deepcopy(self.tangent)
+
+    def _forward(self, model: nn.Module):
+        return model.from_prefix if self.cached else model
+
+    def _train_member(self, inputs: Tensor, targets: Tensor, seed: int) -> dict[str, Tensor]:
+        member = self.tangent
+        with torch.no_grad():
+            for p in member.tangent_parameters():
+                p.zero_()
+        deltas = list(member.tangent_parameters())
+        fit(self._forward(member), deltas, inputs, targets,
+            lambda logits, y: self.objective(logits, y, deltas), self.config.fit_settings, seed)
+        return member.delta_state()
+
+    def _refresh(self) -> None:
+        if self.composition.shards:
+            self.deployed.load_delta(self.composition.delta())
+
+    def _deployed_state(self) -> dict[str, Tensor]:
+        return self.deployed.delta_state()
+
+    def _predict_tokens(self, inputs: Tensor) -> Tensor:
+        return self._forward(self.deployed)(inputs)
+
+
+class _TailMembers(ShardedFineTuning):
+    """Members are non-linear tails (last ``k`` blocks + norm + head) fine-tuned from ``w0``."""
+
+    Config: ClassVar[type] = NonlinearConfig
+
+    def _train_member(self, inputs: Tensor, targets: Tensor, seed: int) -> dict[str, Tensor]:
+        tail = copy.deepcopy(self.tail0).train()
+        fit(self._tail_forward(tail), tail.parameters(), inputs, targets, self.objective,
+            self.config.fit_settings, seed)
+        return {k: v.detach().clone() for k, v in tail.state_dict().items()}
+
+
+@STRATEGIES.register("taft_shards")
+class TaftShards(_TangentMembers):
+    """Tangent models on ``n_shards`` disjoint shards of every experience, composed; forgets by subtraction."""
+
+    Config: ClassVar[type] = ShardedTangentConfig
+
+
+@STRATEGIES.register("taft")
+class Taft(_TangentMembers):
+    """Tangent Model Composition for continual learning: one ``Δ_t`` per experience, deployed ``compose(Δ_1..Δ_t)``."""
+
+
+@STRATEGIES.register("model_soup")
+class ModelSoup(_TailMembers):
+    """Weight averaging of non-linear members trained from the same ``w0`` (Wortsman et al., 2022)."""
+
+    def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
+        super().__init__(info, device, config)
+        self.deployed = copy.deepcopy(self.tail0).eval()
+
+    def _refresh(self) -> None:
+        if self.composition.shards:
+            self.deployed.load_state_dict(self.composition.delta())
+
+    def _deployed_state(self) -> dict[str, Tensor]:
+        return self.deployed.state_dict()
+
+    def _predict_tokens(self, inputs: Tensor) -> Tensor:
+        return self._tail_forward(self.deployed)(inputs)
+
+
+@STRATEGIES.register("sisa")
+class Sisa(_TailMembers):
+    """SISA (Bourtoule et al., 2021): one non-linear model per shard, outputs averaged with the member weights."""
+
+    Config: ClassVar[type] = SisaConfig
+
+    def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
+        super().__init__(info, device, config)
+        self.members: dict[int, TailModel] = {}
+
+    def _refresh(self) -> None:
+        self.members = {}
+        for key, state in self.composition.deltas.items():
+            member = copy.deepcopy(self.tail0).eval()
+            member.load_state_dict(state)
+            self.members[key] = member
+
+    def _deployed_state(self) -> dict[str, Tensor]:
+        return {f"{key}.{name}": v for key, m in self.members.items() for name, v in m.state_dict().items()}
+
+    def _deployed_copies(self) -> int:
+        return max(1, len(self.members))
+
+    def _predict_tokens(self, inputs: Tensor) -> Tensor:
+        weights = self.composition.weights
+        total = sum(weights[k] for k in self.members)
+        return sum(weights[k] / total * self._tail_forward(m)(inputs) for k, m in self.members.items())
+
+
+@STRATEGIES.register("nlft")
+class Nlft(PrefixFineTuning):
+    """Non-linear fine-tuning (the paper's NLFT): one tail trained sequentially on every experience; no
+    composition and no shard structure (exact removal would mean retraining from scratch)."""
+
+    Config: ClassVar[type] = NonlinearConfig
+
+    def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
+        super().__init__(info, device, config)
+        self.model = copy.deepcopy(self.tail0).eval()
+        self.steps = 0
+
+    def train(self, experience: Any) -> None:
+        x, y = experience_tensors(experience)
+        self.model.train()
+        fit(self._tail_forward(self.model), self.model.parameters(), self._inputs(x), y.to(self.device),
+            self.objective, self.config.fit_settings, self.seed + self.steps)
+        self.model.eval()
+        self.steps += 1
+
+    def _predict_tokens(self, inputs: Tensor) -> Tensor:
+        return self._tail_forward(self.model)(inputs)
