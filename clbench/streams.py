@@ -59,7 +59,7 @@ def experience_dataset(x: Tensor, y: Tensor, task: int, train_transform: Transfo
     return _make_taskaware_tensor_classification_dataset(
         x, y, transform_groups={"train": (train_transform, None), "eval": (eval_transform, None)},
         initial_transform_group="train" if train else "eval",
-        task_labels=[task] * len(y), targets=y.tolist())
+        task_labels=task, targets=y.tolist())
 
 
 def class_incremental(info: ScenarioInfo, x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor,
@@ -89,4 +89,7 @@ def wrap_benchmark(info: ScenarioInfo, train: list, test: list) -> Scenario:
     benchmark.n_classes = info.n_classes
     benchmark.n_classes_per_exp = list(info.classes_per_experience)
     benchmark.classes_order = list(range(info.n_classes))
+    for stream in (benchmark.train_stream, benchmark.test_stream):
+        for experience in stream:
+            experience.benchmark = benchmark          # iCaRL reads experience.benchmark.n_classes_per_exp
     return Scenario(benchmark=benchmark, info=info)

@@ -1,0 +1,198 @@
+"""``run_bench.py``: run a suite, list the registries, rebuild a leaderboard, and the commands plugins register.
+
+::
+
+    python run_bench.py --suite quick                       # run (the default command); resumes
+    python run_bench.py --suite cifar100 --strategy replay --seeds 0 1 --device cuda --amp
+    python run_bench.py list [--markdown]                  # scenarios, strategies, models, suites
+    python run_bench.py leaderboard --out results/quick    # rebuild CSV/markdown/plots from records
+
+A feature module adds a sub-command by registering a :class:`Command` in ``clbench.registry.COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import logging
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from clbench import progress
+from clbench.config import ConfigError, build_config, load_suite, shipped_suites
+from clbench.registry import COMMANDS, MODELS, SCENARIOS, STRATEGIES, UnknownNameError
+
+
+@dataclass(frozen=True)
+class Command:
+    """A sub-command: ``add_arguments(parser)`` declares its flags, ``run(args) -> exit code`` executes it."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def quiet_third_party_warnings() -> None:
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message="No loggers specified")
+    warnings.filterwarnings("ignore", message=".*QP solver.*")
+
+
+# ----------------------------------------------------------------------------------------------------------- run
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", default="quick", help="shipped suite name or path of a suite .yaml (default: quick)")
+    p.add_argument("--scenario", nargs="+", help="only these scenarios of the suite (names or labels)")
+    p.add_argument("--strategy", nargs="+", help="only these strategies of the suite (names or labels)")
+    p.add_argument("--seeds", nargs="+", type=int, help="replace the suite's seeds")
+    p.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda[:N]")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast on GPU")
+    p.add_argument("--out", help="output folder (default: results/<suite>)")
+    p.add_argument("--executor", default="local", help="local (default) or ray")
+    p.add_argument("--ray-address", default=None, help="Ray cluster address (ray executor; 'auto' joins one)")
+    p.add_argument("--init", help="local checkpoint: sets the 'init' hyperparameter of every strategy that has one")
+
+
+def _with_init(suite, init: str | None):
+    """Set ``init`` in the args of each strategy whose Config has that field."""
+    if not init:
+        return suite
+    entries = []
+    for e in suite.strategies:
+        fields = {f.name for f in dataclasses.fields(STRATEGIES.get(e.name).Config)}
+        entries.append(dataclasses.replace(e, args={**e.args, "init": init}) if "init" in fields else e)
+    return dataclasses.replace(suite, strategies=tuple(entries))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from clbench import leaderboard, report
+    from clbench.executors import EXECUTORS
+
+    suite = _with_init(load_suite(args.suite).select(args.scenario, args.strategy, args.seeds), args.init)
+    out = Path(args.out or Path("results") / suite.name)
+    specs = suite.run_specs(device=args.device, amp=args.amp)
+    executor = EXECUTORS.get(args.executor)(address=args.ray_address)
+    print(f"suite {suite.name}: {len(specs)} runs ({len(suite.scenarios)} scenarios x {len(suite.strategies)} "
+          f"strategies x {len(suite.seeds)} seeds) -> {out}", file=sys.stderr)
+    records = executor.run_all(specs, out)
+    failed = [r for r in records if r.status != "finished"]
+    for r in failed:
+        print(f"FAILED {r.run_id}: {r.reason}", file=sys.stderr)
+    table = leaderboard.write(out)
+    report.plot(leaderboard.load_records(out), out)
+    if not args.quiet_table:
+        print((out / "leaderboard.md").read_text())
+    print(f"leaderboard: {out / 'leaderboard.csv'} ({len(table)} rows); {len(failed)} failed run(s) this time",
+          file=sys.stderr)
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------------------- list
+def _first_line(obj) -> str:
+    return (inspect.getdoc(obj) or "").split("\n")[0]
+
+
+def _list(args: argparse.Namespace) -> int:
+    fmt = (lambda name, doc: f"- `{name}`: {doc}") if args.markdown else (lambda name, doc: f"  {name:22s} {doc}")
+    print("## Scenarios" if args.markdown else "scenarios:")
+    for name in SCENARIOS.names():
+        print(fmt(name, _first_line(SCENARIOS.get(name))))
+    print("\n## Strategies" if args.markdown else "strategies:")
+    for name in STRATEGIES.names():
+        cls = STRATEGIES.get(name)
+        presets = ", ".join(getattr(cls, "PRESETS", {})) or "none"
+        print(fmt(name, f"{_first_line(cls)} (presets: {presets})"))
+    print("\n## Models" if args.markdown else "models:")
+    for name in MODELS.names():
+        print(fmt(name, _first_line(MODELS.get(name))))
+    print("\n## Suites" if args.markdown else "suites:")
+    for name, path in sorted(shipped_suites().items()):
+        print(fmt(name, str(path.name)))
+    return 0
+
+
+def _show_config(args: argparse.Namespace) -> int:
+    """Print a strategy's resolved hyperparameters for a preset."""
+    config = build_config(args.name, args.preset)
+    for field in dataclasses.fields(config):
+        print(f"{field.name} = {getattr(config, field.name)!r}")
+    return 0
+
+
+def _leaderboard(args: argparse.Namespace) -> int:
+    from clbench import leaderboard, report
+
+    table = leaderboard.write(args.out)
+    report.plot(leaderboard.load_records(args.out), args.out)
+    print((Path(args.out) / "leaderboard.md").read_text())
+    print(f"{len(table)} rows -> {Path(args.out) / 'leaderboard.csv'}", file=sys.stderr)
+    return 0
+
+
+COMMANDS.register("run")(Command("run a suite (the default command)", _add_run_arguments, _run))
+COMMANDS.register("list")(Command(
+    "list scenarios, strategies, models and suites",
+    lambda p: p.add_argument("--markdown", action="store_true", help="markdown lists (for the README)"), _list))
+COMMANDS.register("config")(Command(
+    "show a strategy's hyperparameters",
+    lambda p: (p.add_argument("name"), p.add_argument("--preset")), _show_config))
+COMMANDS.register("leaderboard")(Command(
+    "rebuild leaderboard.csv/.md and plots from the records in --out",
+    lambda p: p.add_argument("--out", required=True, help="a suite's output folder, e.g. results/quick"),
+    _leaderboard))
+
+
+# ---------------------------------------------------------------------------------------------------------- main
+def _common_arguments() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quiet", action="store_true", help="no progress bars")
+    common.add_argument("--quiet-table", action="store_true", help="do not print the leaderboard at the end")
+    common.add_argument("--data-root", help="first folder to look for datasets in (before $CLBENCH_DATA)")
+    common.add_argument("--download", action="store_true", help="download missing datasets (needs internet)")
+    common.add_argument("-v", "--verbose", action="store_true")
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="run_bench.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    common = _common_arguments()
+    for name in COMMANDS.names():
+        command: Command = COMMANDS.get(name)
+        command.add_arguments(sub.add_parser(name, help=command.help, parents=[common]))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet_third_party_warnings()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS.names() and argv[0] not in ("-h", "--help"):
+        argv = ["run", *argv]          # `run_bench.py --suite quick` means `run_bench.py run --suite quick`
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    progress.set_enabled(not args.quiet)
+    _configure_data(args)
+    try:
+        return COMMANDS.get(args.command).run(args)
+    except (ConfigError, UnknownNameError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished runs are kept; rerun the same command to resume.", file=sys.stderr)
+        return 130
+
+
+def _configure_data(args: argparse.Namespace) -> None:
+    from clbench import data
+
+    configure = getattr(data, "configure", None)
+    if configure is not None:
+        configure(data_root=args.data_root, download=args.download)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

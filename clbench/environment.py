@@ -1,0 +1,104 @@
+"""Where a run happened: package versions, git commit, device, and a peak-memory probe."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import threading
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+PACKAGES = ("torch", "torchvision", "avalanche-lib", "continuum", "timm", "numpy", "opacus", "clbench")
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cuda`` without a GPU is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto.")
+    return torch.device(device)
+
+
+def describe_machine(device: torch.device) -> str:
+    """A one-line machine description for leaderboards, e.g. ``cpu: 2 cores (AMD EPYC ...)``."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {os.cpu_count()} cores ({cpu_model()}), {torch.get_num_threads()} torch threads"
+
+
+def environment(device: torch.device) -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"python": platform.python_version(), "platform": platform.platform(), "packages": versions,
+            "git_commit": git_commit(), "device": str(device), "machine": describe_machine(device)}
+
+
+def _rss_bytes() -> int:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class PeakMemory:
+    """Peak memory used by the code inside the ``with`` block, in MB.
+
+    On CUDA: ``torch.cuda.max_memory_allocated`` (reset on entry). On CPU: the peak resident set size sampled
+    every ``interval`` seconds by a background thread, minus the resident size on entry (memory the process
+    already held and reuses is not counted again).
+    """
+
+    def __init__(self, device: torch.device, interval: float = 0.02) -> None:
+        self.device, self.interval = device, interval
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        self._base = self._peak = _rss_bytes()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._peak = max(self._peak, _rss_bytes())
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            self.peak_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+            return
+        self._stop.set()
+        self._thread.join()
+        self._peak = max(self._peak, _rss_bytes())
+        self.peak_mb = (self._peak - self._base) / 2**20

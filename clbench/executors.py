@@ -1,0 +1,103 @@
+"""Run a list of RunSpecs: in this process (``local``, the default) or on a Ray cluster (``ray``).
+
+Both executors resume: a run whose record exists with status ``finished`` and the same identity hash (same suite,
+scenario, strategy, resolved hyperparameters and seed) is skipped. Failed runs and runs whose configuration changed
+are run again. Records are written atomically as each run ends, so an interrupted suite loses only the run in
+progress.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from clbench import progress
+from clbench.config import RunSpec, config_hash
+from clbench.registry import Registry
+from clbench.runner import RunRecord, record_path, run
+
+log = logging.getLogger(__name__)
+EXECUTORS: Registry = Registry("executor")
+
+
+def is_done(spec: RunSpec, out_dir: str | Path) -> bool:
+    """True when ``spec``'s record exists, finished, and was produced by the same configuration."""
+    path = record_path(out_dir, spec.run_id)
+    if not path.exists():
+        return False
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return data.get("status") == "finished" and data.get("identity_hash") == config_hash(spec.identity())
+
+
+def pending(specs: Iterable[RunSpec], out_dir: str | Path) -> list[RunSpec]:
+    return [s for s in specs if not is_done(s, out_dir)]
+
+
+@EXECUTORS.register("local")
+class LocalExecutor:
+    """Runs specs one after the other in this process."""
+
+    def __init__(self, **_: object) -> None:
+        pass
+
+    def run_all(self, specs: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
+        todo = pending(specs, out_dir)
+        if len(todo) < len(specs):
+            log.info("resuming: %d of %d runs already finished in %s", len(specs) - len(todo), len(specs), out_dir)
+        records = []
+        bar = progress.bar(todo, desc="runs", level="runs")
+        try:
+            for spec in bar:
+                bar.set_postfix_str(spec.run_id)
+                records.append(run(spec, out_dir))
+        except KeyboardInterrupt:
+            log.warning("interrupted: %d finished records are kept in %s; rerun the same command to resume.",
+                        len(records), Path(out_dir) / "runs")
+            raise
+        return records
+
+
+@EXECUTORS.register("ray")
+class RayExecutor:
+    """Runs specs as Ray tasks (one task per run, ``num_cpus``/``num_gpus`` each) on ``address`` (``auto`` joins a
+    running cluster; ``None`` starts a local one). Records are returned to the driver, which writes them under
+    ``out_dir``, so workers need no shared filesystem (strategy state saved by ``save_state`` stays on the worker
+    unless ``out_dir`` is on a shared filesystem)."""
+
+    def __init__(self, address: str | None = None, num_cpus: float = 1, num_gpus: float = 0, **_: object) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise RuntimeError("the ray executor needs Ray: pip install 'clbench[ray]' (or use --executor local)."
+                               ) from exc
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        self.remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_run_remote)
+
+    def run_all(self, specs: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
+        todo = pending(specs, out_dir)
+        futures = {self.remote.remote(spec.to_dict(), str(out_dir)): spec for spec in todo}
+        records = []
+        bar = progress.bar(total=len(futures), desc="runs (ray)", level="runs")
+        remaining = list(futures)
+        while remaining:
+            done, remaining = self.ray.wait(remaining, num_returns=1)
+            record = RunRecord(**self.ray.get(done[0]))
+            record.write(record_path(out_dir, record.run_id))
+            records.append(record)
+            bar.update()
+        bar.close()
+        return records
+
+
+def _run_remote(spec: dict, out_dir: str) -> dict:
+    """Ray task body: one run on the worker; the record comes back to the driver as a dict."""
+    import dataclasses
+
+    return dataclasses.asdict(run(RunSpec.from_dict(spec), out_dir))

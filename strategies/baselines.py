@@ -1,0 +1,278 @@
+"""Avalanche's baseline strategies behind the clbench strategy protocol.
+
+One adapter, :class:`AvalancheStrategy`, wraps any ``SupervisedTemplate``: it builds the model
+(:func:`clbench.models.classifier.build_classifier`), the optimizer and the template, trains one experience per
+``train`` call with Avalanche's own loop, and predicts with ``avalanche_forward`` in eval mode. Each baseline is a
+subclass that names its Avalanche class, its hyperparameters (a dataclass whose defaults follow the method's paper
+or Avalanche) and its presets.
+
+Defaults (``full``) and sources: naive/cumulative/joint/replay/EWC/LwF use SGD lr 0.01 momentum 0.9; iCaRL
+(Rebuffi et al., 2017): memory 2000, SGD lr 2.0, wd 1e-5, batch 128, 70 epochs, BCE with distillation;
+dark experience replay (Buzzega et al., 2020): alpha 0.1, beta 0.5 (DER++ when beta > 0, DER when 0);
+EWC (Kirkpatrick et al., 2017) lambda 100 (``separate`` penalties); LwF (Li & Hoiem, 2016) alpha 1, T 2;
+GDumb (Prabhu et al., 2020) memory 2000, retrained from scratch on the memory at every step.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from avalanche.models.utils import avalanche_forward
+from avalanche.training import DER, EWC, GDumb, ICaRL, LwF, Cumulative, JointTraining, Naive, Replay
+from avalanche.training.plugins import EvaluationPlugin, SupervisedPlugin
+from avalanche.training.templates import SupervisedTemplate
+from torch import Tensor, nn
+
+from clbench import progress
+from clbench.errors import NonFiniteLossError
+from clbench.models.checkpoint import load_weights
+from clbench.models.classifier import build_classifier
+from clbench.protocol import ParamCount, ScenarioInfo
+from clbench.registry import STRATEGIES
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda params, c: torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay),
+    "adam": lambda params, c: torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay),
+    "adamw": lambda params, c: torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay),
+}
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters every Avalanche baseline shares."""
+
+    model: str = "auto"                 # a MODELS name; "auto" = the scenario's default backbone
+    model_args: dict = field(default_factory=dict)
+    head: str = "auto"                  # incremental | fixed | multi; "auto" = multi if task-aware else incremental
+    init: str | None = None             # local checkpoint loaded into the backbone
+    epochs: int = 1
+    batch_size: int = 32
+    eval_batch_size: int = 512
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError("epochs and batch_size must be positive")
+
+
+# Presets shared by every baseline: ``cpu`` sizes runs for 2-core machines (see CPU_SCALE.md: small batches give
+# enough updates per step), ``full`` is the common GPU setting of the class-incremental literature.
+CPU = {"epochs": 2, "batch_size": 32, "optimizer": "adam", "lr": 1e-3}
+FULL = {"epochs": 70, "batch_size": 128, "optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4}
+
+
+class _Guard(SupervisedPlugin):
+    """Fails fast on a non-finite loss and advances the epoch progress bar."""
+
+    def __init__(self, epochs: int) -> None:
+        super().__init__()
+        self.epochs, self.bar = epochs, None
+
+    def before_training_exp(self, strategy, **kwargs):
+        self.bar = progress.bar(total=self.epochs, desc="epochs", level="epochs")
+
+    def before_backward(self, strategy, **kwargs):
+        loss = strategy.loss
+        if not torch.isfinite(loss).all():
+            raise NonFiniteLossError(f"{type(strategy).__name__} training loss", float(loss.detach().sum()))
+
+    def after_training_epoch(self, strategy, **kwargs):
+        self.bar.update()
+
+    def after_training_exp(self, strategy, **kwargs):
+        self.bar.close()
+
+
+class AvalancheStrategy:
+    """Adapter from an Avalanche ``SupervisedTemplate`` to the clbench protocol (see module docstring)."""
+
+    offline: ClassVar[bool] = False
+    template_cls: ClassVar[type[SupervisedTemplate]]
+    head: ClassVar[str] = ""           # forces a head kind (e.g. "fixed") regardless of the config
+    Config: ClassVar[type] = TrainConfig
+    PRESETS: ClassVar[dict[str, dict]] = {"cpu": CPU, "full": FULL}
+
+    def __init__(self, info: ScenarioInfo, device: torch.device, config: Any) -> None:
+        self.info, self.device, self.config = info, device, config
+        head = self.head or (config.head if config.head != "auto" else ("multi" if info.task_aware else
+                                                                         "incremental"))
+        self.model = build_classifier(info, config.model, config.model_args, head=head)
+        if config.init:
+            load_weights(self.model.feature_extractor, config.init)
+        optimizer = OPTIMIZERS[config.optimizer](self.model.parameters(), config)
+        common = dict(optimizer=optimizer, train_mb_size=config.batch_size, train_epochs=config.epochs,
+                      eval_mb_size=config.eval_batch_size, device=device, plugins=[_Guard(config.epochs)],
+                      evaluator=EvaluationPlugin(loggers=[]))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="No loggers specified")
+            self.template = self.make_template(self.model, common)
+
+    def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
+        """The Avalanche strategy; subclasses add their own keyword arguments."""
+        return self.template_cls(model=model, criterion=nn.CrossEntropyLoss(), **common, **self.template_kwargs())
+
+    def template_kwargs(self) -> dict:
+        return {}
+
+    def train(self, experience) -> None:
+        with warnings.catch_warnings():   # Avalanche 0.6 warns about its own deprecated storage-policy calls
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.template.train(experience, num_workers=0)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
+        model = self.template.model
+        model.eval()
+        t = task_labels if task_labels is not None else torch.zeros(len(x), dtype=torch.long, device=x.device)
+        return avalanche_forward(model, x, t)
+
+    def num_parameters(self) -> ParamCount:
+        return ParamCount.of(self.template.model)
+
+
+@STRATEGIES.register("naive")
+class NaiveStrategy(AvalancheStrategy):
+    """Fine-tuning on each experience in turn: the lower bound."""
+
+    template_cls = Naive
+
+
+@STRATEGIES.register("cumulative")
+class CumulativeStrategy(AvalancheStrategy):
+    """Retrains on all data seen so far at every step: the per-step upper bound."""
+
+    template_cls = Cumulative
+
+
+@STRATEGIES.register("joint")
+class JointStrategy(AvalancheStrategy):
+    """One offline training on the union of all experiences; evaluated once (only ``last_acc`` is defined)."""
+
+    offline = True
+    template_cls = JointTraining
+
+
+@dataclass
+class ReplayConfig(TrainConfig):
+    mem_size: int = 2000
+
+
+@STRATEGIES.register("replay")
+class ReplayStrategy(AvalancheStrategy):
+    """Experience replay with a class-balanced reservoir memory of ``mem_size`` samples (Avalanche's Replay)."""
+
+    template_cls = Replay
+    Config = ReplayConfig
+
+    def template_kwargs(self) -> dict:
+        return {"mem_size": self.config.mem_size}
+
+
+@dataclass
+class EWCConfig(TrainConfig):
+    ewc_lambda: float = 100.0
+    mode: str = "separate"
+    decay_factor: float | None = None
+
+
+@STRATEGIES.register("ewc")
+class EWCStrategy(AvalancheStrategy):
+    """Elastic weight consolidation: ``L + lambda/2 sum_i F_i (theta_i - theta*_i)^2`` (Kirkpatrick et al.)."""
+
+    template_cls = EWC
+    Config = EWCConfig
+
+    def template_kwargs(self) -> dict:
+        c = self.config
+        return {"ewc_lambda": c.ewc_lambda, "mode": c.mode, "decay_factor": c.decay_factor}
+
+
+@dataclass
+class LwFConfig(TrainConfig):
+    alpha: float = 1.0
+    temperature: float = 2.0
+
+
+@STRATEGIES.register("lwf")
+class LwFStrategy(AvalancheStrategy):
+    """Learning without forgetting: distillation of the previous model's outputs on old classes (Li & Hoiem)."""
+
+    template_cls = LwF
+    Config = LwFConfig
+
+    def template_kwargs(self) -> dict:
+        return {"alpha": self.config.alpha, "temperature": self.config.temperature}
+
+
+@dataclass
+class ICaRLConfig(TrainConfig):
+    mem_size: int = 2000
+    fixed_memory: bool = True
+    epochs: int = 70
+    batch_size: int = 128
+    lr: float = 2.0
+    momentum: float = 0.0
+    weight_decay: float = 1e-5
+
+
+@STRATEGIES.register("icarl")
+class ICaRLStrategy(AvalancheStrategy):
+    """iCaRL: herding exemplars, BCE + distillation, nearest-mean-of-exemplars classification (Rebuffi et al.)."""
+
+    template_cls = ICaRL
+    head = "fixed"
+    Config = ICaRLConfig
+    PRESETS = {"cpu": CPU, "full": {}}
+
+    def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
+        template = ICaRL(feature_extractor=model.feature_extractor, classifier=model.classifier,
+                         memory_size=self.config.mem_size, buffer_transform=None,
+                         fixed_memory=self.config.fixed_memory, **common)
+        return template
+
+
+@dataclass
+class DarkERConfig(TrainConfig):
+    mem_size: int = 2000
+    batch_size_mem: int | None = None
+    alpha: float = 0.1
+    beta: float = 0.5
+
+
+@STRATEGIES.register("der_dark")
+class DarkExperienceReplayStrategy(AvalancheStrategy):
+    """Dark experience replay: ``CE + alpha ||z_mem - z_stored||^2 (+ beta CE on memory = DER++)``
+    (Buzzega et al., 2020). Needs a fixed-width head (stored logits keep their width)."""
+
+    template_cls = DER
+    head = "fixed"
+    Config = DarkERConfig
+
+    def template_kwargs(self) -> dict:
+        c = self.config
+        return {"mem_size": c.mem_size, "batch_size_mem": c.batch_size_mem, "alpha": c.alpha, "beta": c.beta}
+
+
+@dataclass
+class GDumbConfig(TrainConfig):
+    mem_size: int = 2000
+
+
+@STRATEGIES.register("gdumb")
+class GDumbStrategy(AvalancheStrategy):
+    """GDumb: a greedy class-balanced memory; the model is trained on the memory only (Prabhu et al., 2020)."""
+
+    template_cls = GDumb
+    Config = GDumbConfig
+
+    def template_kwargs(self) -> dict:
+        return {"mem_size": self.config.mem_size}
