@@ -10,6 +10,7 @@ verifies the known files' content checksums, and otherwise downloads (only when 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,10 +102,24 @@ def locate(spec: DatasetSpec, data_root: PathLike | None = None) -> tuple[Layout
     return layout, paths
 
 
+_recent: OrderedDict[tuple, SplitArrays] = OrderedDict()
+KEEP_RECENT = 2          # mnist_fmnist reads two datasets; a suite builds the same scenario for every seed
+
+
 def load(spec: DatasetSpec, data_root: PathLike | None = None) -> SplitArrays:
-    """Locate, verify and read ``spec``."""
+    """Locate, verify and read ``spec``. The last :data:`KEEP_RECENT` datasets read stay in memory (keyed by reader
+    and file identity), so building a scenario for each seed reads the files once; their arrays are read-only."""
     layout, paths = locate(spec, data_root)
-    return layout.read(paths)
+    key = (layout.read, *((str(p), p.stat().st_mtime_ns) for p in paths.values()))
+    if key not in _recent:
+        arrays = layout.read(paths)
+        for array in (arrays.x_train, arrays.y_train, arrays.x_test, arrays.y_test):
+            array.flags.writeable = False
+        _recent[key] = arrays
+        while len(_recent) > KEEP_RECENT:
+            _recent.popitem(last=False)
+    _recent.move_to_end(key)
+    return _recent[key]
 
 
 def _first_hit(spec: DatasetSpec, roots: Sequence[Path]) -> tuple[Layout, dict[str, Path]] | None:
@@ -168,24 +183,27 @@ CIFAR100 = DatasetSpec("cifar100", (
 
 @dataclass(frozen=True)
 class ImageFolderRead:
-    """Reads ``train/`` and ``val/`` of an image-folder root; classes are ``classes`` or all folders of ``train/``
-    (sorted), label ``i`` = ``classes[i]``."""
+    """Reads ``train/`` and ``val/`` of an image-folder root. The classes are the wnids listed in ``class_list``
+    (see :func:`clbench.data.readers.read_class_list`; a relative path is looked up in the dataset folder), else all
+    folders of ``train/``; label ``i`` is the ``i``-th of them in sorted order (ImageFolder's convention)."""
 
-    classes: tuple[str, ...] | None = None
+    class_list: str | None = None
     size: int | None = None
 
     def __call__(self, paths: dict[str, Path]) -> SplitArrays:
-        classes = self.classes or tuple(readers.list_classes(paths["train"]))
+        if self.class_list is None:
+            classes = readers.list_classes(paths["train"])
+        else:
+            classes = sorted(readers.read_class_list(paths["train"].parent / self.class_list))
         x_train, y_train = readers.read_image_folder(paths["train"], classes, self.size)
         x_test, y_test = readers.read_image_folder(paths["val"], classes, self.size)
-        return SplitArrays(x_train, y_train, x_test, y_test, class_names=classes)
+        return SplitArrays(x_train, y_train, x_test, y_test, class_names=tuple(classes))
 
 
-def image_folder_dataset(folder: str, classes: Sequence[str] | None = None, size: int | None = None) -> DatasetSpec:
+def image_folder_dataset(folder: str, class_list: str | None = None, size: int | None = None) -> DatasetSpec:
     """An ImageNet-style root ``<folder>/{train,val}/<wnid>/*.JPEG``; ``folder`` is relative to a data root, or
-    absolute (then it is the only place searched)."""
-    read = ImageFolderRead(tuple(classes) if classes else None, size)
-    return DatasetSpec(folder, (Layout(folder, {"train": None, "val": None}, read),),
+    absolute (then it is the only place searched). ``class_list`` and ``size``: see :class:`ImageFolderRead`."""
+    return DatasetSpec(folder, (Layout(folder, {"train": None, "val": None}, ImageFolderRead(class_list, size)),),
                        how_to_get="ImageNet cannot be downloaded automatically (licence); place an image-folder copy "
                                   f"with train/ and val/ sub-folders at {_place(folder)}")
 

@@ -1,12 +1,18 @@
-"""From uint8 image arrays to the normalized float tensors scenarios hold in memory."""
+"""From uint8 image arrays to the normalized float tensors scenarios hold in memory, and on to a scenario."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
+from torchvision.transforms import v2
+
+from clbench.data.catalog import SplitArrays
+from clbench.protocol import Scenario, ScenarioInfo
+from clbench.streams import Transform, class_incremental
 
 
 def per_class_subset(y: np.ndarray, classes: Sequence[int] | None = None,
@@ -37,3 +43,39 @@ def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     mean = flat.mean(axis=0, dtype=np.float64) / 255
     sq = np.square(flat, dtype=np.float64).mean(axis=0) / 255**2
     return tuple(mean.round(4).tolist()), tuple(np.sqrt(sq - mean**2).round(4).tolist())
+
+
+def prepared_tensors(data: SplitArrays, mean: Sequence[float], std: Sequence[float],
+                     classes: Sequence[int] | None = None, max_per_class: int | None = None
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(x_train, y_train, x_test, y_test)``: the samples of ``classes`` (all when None), at most ``max_per_class``
+    per class in each split, as normalized ``(N, C, H, W)`` float tensors and int64 labels (original numbering)."""
+    out: list[Tensor] = []
+    for x, y in ((data.x_train, data.y_train), (data.x_test, data.y_test)):
+        keep = per_class_subset(y, classes, max_per_class)
+        out += [to_normalized(x[keep], mean, std), torch.from_numpy(y[keep].astype(np.int64))]
+    x_train, y_train, x_test, y_test = out
+    return x_train, y_train, x_test, y_test
+
+
+def image_class_incremental(info: ScenarioInfo, data: SplitArrays, class_order: Sequence[int],
+                            max_per_class: int | None = None, train_transform: Transform = None) -> Scenario:
+    """The shared path from arrays to a class-incremental scenario: keep the classes of ``class_order`` (which may
+    be a prefix of a longer order), normalize with ``info.mean``/``info.std`` and split by
+    ``info.classes_per_experience`` (:func:`clbench.streams.class_incremental`; labels are renumbered by position
+    in ``class_order``). ``info.input_shape`` is filled in from the data."""
+    x_train, y_train, x_test, y_test = prepared_tensors(data, info.mean, info.std, class_order, max_per_class)
+    # continuum needs labels 0..k-1: number the kept classes densely, split, then report the original order
+    dense = torch.full((max(class_order) + 1,), -1, dtype=torch.long)
+    dense[sorted(class_order)] = torch.arange(len(class_order))
+    info = dataclasses.replace(info, input_shape=tuple(x_train.shape[1:]))
+    scenario = class_incremental(info, x_train, dense[y_train], x_test, dense[y_test],
+                                 class_order=dense[list(class_order)].tolist(), train_transform=train_transform)
+    scenario.info = dataclasses.replace(scenario.info, class_order=tuple(int(c) for c in class_order))
+    return scenario
+
+
+def crop_flip(size: int, padding: int) -> Transform:
+    """Train augmentation on one ``(C, size, size)`` tensor: random crop after zero padding (zero is the mean colour
+    of normalized inputs), then a random horizontal flip."""
+    return v2.Compose([v2.RandomCrop(size, padding=padding), v2.RandomHorizontalFlip()])

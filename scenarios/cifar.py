@@ -1,0 +1,41 @@
+"""Split CIFAR-100 (32 x 32 RGB, 100 classes, 500 train / 100 test images per class).
+
+``split_cifar100`` follows DER/DyTox: ``initial_classes=0`` (B0: all steps equal) or ``50`` (B50: 50 classes first,
+the remaining 50 split evenly), class order 1, 2 or 3 of DER/DyTox (:data:`clbench.data.orders.CIFAR100_ORDERS`),
+``"random"`` (drawn from ``seed``) or ``"fixed"`` (0..99). ``n_experiences`` counts every experience, the B50 base
+step included: the papers' "B50, 10 steps" (50 + 10 x 5 classes) is ``initial_classes=50, n_experiences=11``;
+"10 steps" B0 is ``n_experiences=10``.
+
+Small versions (tests, CPU presets): ``classes=k`` keeps the first ``k`` classes of the class order, ``max_per_class``
+the first images of each class. Train augmentation: random crop with 4-pixel padding and horizontal flip.
+Data: the official python pickles (``cifar-100-python/``) or ``cifar100/cifar100.npz`` under a data root.
+"""
+
+from __future__ import annotations
+
+import os
+
+from clbench import data
+from clbench.data.orders import CIFAR100_ORDERS, resolve_class_order
+from clbench.data.tensors import crop_flip, image_class_incremental
+from clbench.protocol import Scenario, ScenarioInfo
+from clbench.registry import SCENARIOS
+from clbench.streams import increments_for
+
+# training-set statistics of the official split (the stratified re-split in cifar100.npz differs by < 0.001)
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+
+
+@SCENARIOS.register("split_cifar100")
+def split_cifar100(*, seed: int = 0, n_experiences: int = 10, initial_classes: int = 0, class_order: int | str = 1,
+                   classes: int | None = None, max_per_class: int | None = None, default_model: str = "resnet32",
+                   data_root: str | os.PathLike | None = None) -> Scenario:
+    """CIFAR-100 in ``n_experiences`` class-incremental steps (see the module docstring for the arguments)."""
+    order = resolve_class_order(class_order, 100, seed, CIFAR100_ORDERS)[:classes]
+    info = ScenarioInfo(name="split_cifar100", n_classes=len(order),
+                        classes_per_experience=tuple(increments_for(len(order), n_experiences, initial_classes)),
+                        input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD, default_model=default_model,
+                        extra={"class_order_name": class_order})
+    return image_class_incremental(info, data.load(data.CIFAR100, data_root), order, max_per_class,
+                                   train_transform=crop_flip(32, padding=4))
