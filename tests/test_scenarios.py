@@ -19,12 +19,12 @@ from clbench import data
 from clbench.data import roots
 from clbench.data.catalog import SplitArrays
 from clbench.data.orders import CIFAR100_ORDERS, IMAGENET100_ORDER1, resolve_class_order
-from clbench.data.tensors import image_class_incremental, to_normalized
+from clbench.data.tensors import channel_stats, image_class_incremental, to_normalized
 from clbench.protocol import ScenarioInfo
 from clbench.registry import SCENARIOS
 from scenarios.cifar import CIFAR100_MEAN, CIFAR100_STD, split_cifar100
 from scenarios.imagenet import split_imagenet_subset
-from scenarios.mnist import JOINT_STATS, MNIST_STATS, mnist_fmnist, split_fmnist, split_mnist
+from scenarios.mnist import FASHION_MNIST_STATS, JOINT_STATS, MNIST_STATS, mnist_fmnist, split_fmnist, split_mnist
 
 REAL = os.environ.get("CLBENCH_DATA")
 
@@ -205,6 +205,14 @@ def test_mnist_then_fashion_mnist(mode):
     assert [len(e.dataset) for e in scenario.test_stream] == [100, 100]
 
 
+def test_mnist_normalization_constants_are_the_training_set_statistics():
+    mnist = data.load(data.MNIST, real_root("mnist")).x_train
+    fashion = data.load(data.FASHION_MNIST, real_root("fashion-mnist")).x_train
+    assert channel_stats(mnist) == MNIST_STATS
+    assert channel_stats(fashion) == FASHION_MNIST_STATS
+    assert channel_stats(np.concatenate([mnist, fashion])) == JOINT_STATS
+
+
 # --- CIFAR-100 -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("order", [1, 2, 3])
@@ -243,6 +251,8 @@ def test_split_cifar100_normalization_and_train_augmentation():
                               data_root=real_root("cifar100"))
     x = torch.cat([x for x, _ in experiences(scenario.train_stream)])
     assert x.shape == (10000, 3, 32, 32)
+    stats = channel_stats(data.load(data.CIFAR100, real_root("cifar100")).x_train)     # the whole re-split
+    assert np.allclose(stats, (CIFAR100_MEAN, CIFAR100_STD), atol=1e-3)
     mean, std = x.mean(dim=(0, 2, 3)), x.std(dim=(0, 2, 3))
     assert torch.allclose(mean, torch.zeros(3), atol=0.03) and torch.allclose(std, torch.ones(3), atol=0.03)
     exp = scenario.train_stream[0]

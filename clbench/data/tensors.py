@@ -31,7 +31,7 @@ def per_class_subset(y: np.ndarray, classes: Sequence[int] | None = None,
 
 def to_normalized(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> Tensor:
     """``(N, H, W, C)`` uint8 -> ``(N, C, H, W)`` float32, ``(x / 255 - mean[c]) / std[c]`` per channel."""
-    images = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).float().div_(255)
+    images = torch.from_numpy(x.astype(np.float32)).permute(0, 3, 1, 2).div_(255)
     mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
     return images.sub_(mean_t).div_(std_t).contiguous()
