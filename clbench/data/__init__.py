@@ -11,8 +11,9 @@ Nothing is ever downloaded unless ``download=True`` was configured; a missing da
 the wrong content raises :class:`ChecksumMismatch`. ``clbench.data.search_roots()`` lists the roots in order.
 
 Modules: ``roots`` (search order, settings), ``checksums`` (content md5), ``readers`` (idx, npz, CIFAR pickle,
-image folders, class lists), ``catalog`` (known datasets: layouts, checksums, :func:`load`), ``download``
-(torchvision's download code), ``tensors`` (uint8 arrays -> normalized tensors, per-class subsets).
+image folders, class lists), ``catalog`` (known datasets: layouts, checksums, :func:`load`, the in-memory cache of
+the last datasets read), ``download`` (torchvision's download code), ``orders`` (DER/DyTox class orders),
+``tensors`` (uint8 arrays -> normalized tensors -> class-incremental scenario). Set-up guide: ``docs/data.md``.
 """
 
 from clbench.data.catalog import (
