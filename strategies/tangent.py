@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+import clbench.tangent.commands  # noqa: F401 - registers `run_bench.py pretrain` and `run_bench.py forget`
 from clbench.protocol import ParamCount, ScenarioInfo
 from clbench.registry import MODELS, STRATEGIES
 from clbench.tangent import ShardComposition, cache_prefix, delta_hash, linearize, reset_blocks, split_shards
@@ -292,7 +293,6 @@ class _TangentMembers(ShardedFineTuning):
     def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
         super().__init__(info, device, config)
         self.objective = tangent_objective(config.loss, config.alpha, config.kappa, config.ridge)
-        self.deployed = copy.deepcopy(self.tangent)
 
     def _forward(self, model: nn.Module):
         return model.from_prefix if self.cached else model
@@ -308,8 +308,8 @@ class _TangentMembers(ShardedFineTuning):
         return member.delta_state()
 
     def _refresh(self) -> None:
-        if self.composition.shards:
-            self.deployed.load_delta(self.composition.delta())
+        self.deployed = copy.deepcopy(self.tangent)
+        self.deployed.load_delta(self.composition.delta())
 
     def _deployed_state(self) -> dict[str, Tensor]:
         return self.deployed.delta_state()
@@ -346,13 +346,9 @@ class Taft(_TangentMembers):
 class ModelSoup(_TailMembers):
     """Weight averaging of non-linear members trained from the same ``w0`` (Wortsman et al., 2022)."""
 
-    def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
-        super().__init__(info, device, config)
-        self.deployed = copy.deepcopy(self.tail0).eval()
-
     def _refresh(self) -> None:
-        if self.composition.shards:
-            self.deployed.load_state_dict(self.composition.delta())
+        self.deployed = copy.deepcopy(self.tail0).eval()
+        self.deployed.load_state_dict(self.composition.delta())
 
     def _deployed_state(self) -> dict[str, Tensor]:
         return self.deployed.state_dict()

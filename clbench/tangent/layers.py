@@ -11,7 +11,8 @@ frozen buffers (``weight0``, ``bias0``); the trainable ``Δ`` are parameters car
 propagates ``ẋ``; used for frozen blocks in front of a tangent CLS token).
 
 ``ẋ = None`` stands for an exactly-zero tangent and is never materialized: a layer without ``Δ`` and with ``ẋ = None``
-returns ``ẏ = None`` and costs one ordinary forward. Dropout and DropPath act as identity (the tangent model is a
+returns ``ẏ = None`` and costs one ordinary forward (through the fused kernels: ``F.layer_norm``, ``F.gelu``,
+``F.scaled_dot_product_attention``). Dropout and DropPath act as identity (the tangent model is a
 deterministic function of ``(x, Δ)``). Shapes: tokens ``(B, N, D)``; attention ``(B, H, N, N)``.
 """
 
@@ -77,12 +78,11 @@ class TangentGELU(nn.Module):
             raise ValueError(f"TangentGELU linearizes the exact (erf) nn.GELU, got {act!r}.")
 
     def forward(self, x: Tensor, xd: Tensor | None) -> Pair:
-        cdf = 0.5 * (1.0 + torch.erf(x * self._INV_SQRT2))
-        y = x * cdf
         if xd is None:
-            return y, None
+            return F.gelu(x), None
+        cdf = 0.5 * (1.0 + torch.erf(x * self._INV_SQRT2))
         pdf = torch.exp(-0.5 * x * x) * self._INV_SQRT2PI
-        return y, xd * (cdf + x * pdf)
+        return x * cdf, xd * (cdf + x * pdf)
 
 
 class TangentLayerNorm(nn.Module):
@@ -107,6 +107,8 @@ class TangentLayerNorm(nn.Module):
         self.bias = _delta_like(norm.bias, delta)
 
     def forward(self, x: Tensor, xd: Tensor | None) -> Pair:
+        if xd is None and self.weight is None and self.bias is None:
+            return F.layer_norm(x, x.shape[-1:], self.weight0, self.bias0, self.eps), None
         mu = x.mean(-1, keepdim=True)
         centered = x - mu
         inv_sigma = torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -178,17 +180,17 @@ class TangentAttention(nn.Module):
         b, n, _ = x.shape
         qkv, qkv_d = self.qkv(x, xd)
         q, k, v = self._heads(qkv)
+        if qkv_d is None:  # no tangent: plain (fused) attention
+            out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+            return self.proj(out.transpose(1, 2).reshape(b, n, -1), None)
         attn = torch.softmax((q * self.scale) @ k.transpose(-2, -1), dim=-1)
         out = attn @ v
-        out_d = None
-        if qkv_d is not None:
-            q_d, k_d, v_d = self._heads(qkv_d)
-            s_d = (q_d @ k.transpose(-2, -1) + q @ k_d.transpose(-2, -1)) * self.scale
-            a_s = attn * s_d
-            attn_d = a_s - attn * a_s.sum(-1, keepdim=True)
-            out_d = attn_d @ v + attn @ v_d
-            out_d = out_d.transpose(1, 2).reshape(b, n, -1)
-        return self.proj(out.transpose(1, 2).reshape(b, n, -1), out_d)
+        q_d, k_d, v_d = self._heads(qkv_d)
+        s_d = (q_d @ k.transpose(-2, -1) + q @ k_d.transpose(-2, -1)) * self.scale
+        a_s = attn * s_d
+        # Ȧ V = (A⊙Ṡ) V − rowsum(A⊙Ṡ) ⊙ (A V): the same Ȧ = A⊙Ṡ − A⊙rowsum(A⊙Ṡ), one N×N product fewer.
+        out_d = a_s @ v - a_s.sum(-1, keepdim=True) * out + attn @ v_d
+        return self.proj(out.transpose(1, 2).reshape(b, n, -1), out_d.transpose(1, 2).reshape(b, n, -1))
 
 
 class TangentMlp(nn.Module):

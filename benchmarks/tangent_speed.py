@@ -1,0 +1,146 @@
+"""Speed ratios of the tangent transformer, all measured in one run on one machine (absolute seconds are not
+reported: on shared machines only ratios are comparable).
+
+    python benchmarks/tangent_speed.py [--dim 192 --depth 6 --heads 3 --batch 64 --threads 1]
+
+Prints, each as a ratio of median wall times (targets from the issue in brackets):
+  1. linearized forward / plain forward, last 1 block and all blocks linearized     [<= 1.5, <= 3.0]
+  2. our closed-form forward / torch.func.jvp of the same f + J·Δ (last 1 block)     [< 1]
+  3. composed model of N=50 tangent models / N=1, next to output ensembling of N=50  [<= 1.05, ~N]
+  4. one training epoch with the cached prefix / uncached (last 1 of 6 blocks)       [<= 0.35]
+  5. forgetting one of 10 shards by subtraction / retraining the rest from scratch   [<= 0.01]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from timm.models.vision_transformer import VisionTransformer
+from torch.func import functional_call, jvp
+
+from clbench.tangent import ShardComposition, cache_prefix, compose, linearize, rescaled_square_loss, split_shards
+from clbench.tangent.train import FitSettings, fit
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def randomize(model, scale=0.01, seed=0):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.tangent_parameters():
+            p.copy_(scale * torch.randn_like(p))
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dim", type=int, default=192)
+    parser.add_argument("--depth", type=int, default=6)
+    parser.add_argument("--heads", type=int, default=3)
+    parser.add_argument("--img", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=512, help="training-set size for ratios 4 and 5")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    vit = VisionTransformer(img_size=args.img, patch_size=4, num_classes=100, embed_dim=args.dim, depth=args.depth,
+                            num_heads=args.heads).eval()
+    x = torch.randn(args.batch, 3, args.img, args.img)
+    r = args.repeats
+    print(f"ViT dim {args.dim}, depth {args.depth}, {args.heads} heads, {args.img}px patch 4, batch {args.batch}, "
+          f"{args.threads} thread(s), median of {r}; float32")
+
+    with torch.no_grad():
+        plain = median_time(lambda: vit(x), r)
+        last1 = randomize(linearize(vit, last_blocks=1))
+        full = randomize(linearize(vit, last_blocks=args.depth))
+        print(f"1. linearized forward / plain forward: last 1 block {median_time(lambda: last1(x), r) / plain:.2f}"
+              f"  [<= 1.5]   all {args.depth} blocks {median_time(lambda: full(x), r) / plain:.2f}  [<= 3.0]")
+
+    reference = copy.deepcopy(vit)
+    for block in reference.blocks:
+        block.attn.fused_attn = False
+    w0 = {n: p.detach() for n, p in reference.named_parameters()}
+    delta = last1.delta_state()
+    tangents = {n: delta.get(n, torch.zeros_like(p)) for n, p in w0.items()}
+
+    def with_jvp():
+        y, yd = jvp(lambda w: functional_call(reference, w, (x,)), (w0,), (tangents,))
+        return y + yd
+
+    with torch.no_grad():
+        ours = median_time(lambda: last1(x), r)
+    print(f"2. our forward / torch.func.jvp (last 1 block): {ours / median_time(with_jvp, r):.2f}  [< 1]")
+
+    members = [randomize(copy.deepcopy(last1), seed=s) for s in range(50)]
+    composed = compose(members)
+    with torch.no_grad():
+        one = median_time(lambda: members[0](x), r)
+        print(f"3. composed inference N=50 / N=1: {median_time(lambda: composed(x), r) / one:.2f}  [<= 1.05]   "
+              f"output ensembling N=50 / N=1: {median_time(lambda: sum(m(x) for m in members) / 50, 1) / one:.1f}"
+              f"  [~50]")
+
+    data = torch.randn(args.samples, 3, args.img, args.img)
+    labels = torch.randint(0, 100, (args.samples,))
+    settings = FitSettings(epochs=1, batch_size=args.batch, lr=1e-3)
+    student = linearize(vit, last_blocks=1)
+
+    def objective(logits, y):
+        return rescaled_square_loss(logits, y)
+
+    def epoch(forward, inputs):
+        return lambda: fit(forward, student.tangent_parameters(), inputs, labels, objective, settings, seed=0)
+
+    tokens = cache_prefix(student, data)
+    cache_build = median_time(lambda: cache_prefix(student, data), 1, warmup=0)
+    uncached = median_time(epoch(student, data), 2)
+    cached = median_time(epoch(student.from_prefix, tokens), 2)
+    print(f"4. training epoch cached prefix / uncached (last 1 of {args.depth} blocks): {cached / uncached:.2f}"
+          f"  [<= 0.35]   (one-time cache build / uncached epoch: {cache_build / uncached:.2f})")
+
+    shards = split_shards(args.samples, 10, seed=0)
+    composition = ShardComposition()
+    for key, local in enumerate(shards):
+        composition.add(key, randomize(copy.deepcopy(student), seed=key).delta_state(), float(len(local)))
+    deployed = copy.deepcopy(student)
+
+    def subtract():
+        trial = copy.deepcopy(composition)
+        start = time.perf_counter()
+        trial.subtract([3])
+        deployed.load_delta(trial.delta())
+        return time.perf_counter() - start
+
+    def retrain():
+        fresh = linearize(vit, last_blocks=1)
+        kept = torch.cat([s for k, s in enumerate(shards) if k != 3]).sort().values
+        inputs = cache_prefix(fresh, data[kept])
+        for k, local in enumerate(shards):
+            if k != 3:
+                index = torch.searchsorted(kept, local)
+                fit(fresh.from_prefix, fresh.tangent_parameters(), inputs[index], labels[local], objective,
+                    settings, seed=k)
+
+    subtract_s = statistics.median(subtract() for _ in range(r))
+    print(f"5. forget 1 of 10 shards by subtraction / retraining the other 9 from scratch (1 epoch each): "
+          f"{subtract_s / median_time(retrain, 1, warmup=0):.5f}  [<= 0.01]")
+
+
+if __name__ == "__main__":
+    main()
