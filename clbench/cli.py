@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     _configure_data(args)
     try:
         return COMMANDS.get(args.command).run(args)
-    except (ConfigError, UnknownNameError, FileNotFoundError) as exc:
+    except (ConfigError, UnknownNameError, FileNotFoundError) as exc:   # DatasetNotFound included
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -187,11 +187,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _configure_data(args: argparse.Namespace) -> None:
-    from clbench import data
+    from clbench.data import configure
 
-    configure = getattr(data, "configure", None)
-    if configure is not None:
-        configure(data_root=args.data_root, download=args.download)
+    configure(data_root=args.data_root, download=args.download)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,10 @@ class RayExecutor:
 
     def run_all(self, specs: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
         todo = pending(specs, out_dir)
-        futures = {self.remote.remote(spec.to_dict(), str(out_dir)): spec for spec in todo}
+        from clbench.data.roots import download_enabled, search_roots
+
+        data = {"data_root": str(search_roots()[0]), "download": download_enabled()}   # --data-root/--download
+        futures = {self.remote.remote(spec.to_dict(), str(out_dir), data): spec for spec in todo}
         records = []
         bar = progress.bar(total=len(futures), desc="runs (ray)", level="runs")
         remaining = list(futures)
@@ -96,8 +99,11 @@ class RayExecutor:
         return records
 
 
-def _run_remote(spec: dict, out_dir: str) -> dict:
-    """Ray task body: one run on the worker; the record comes back to the driver as a dict."""
+def _run_remote(spec: dict, out_dir: str, data: dict) -> dict:
+    """Ray task body: one run on the worker (with the driver's data settings); the record comes back as a dict."""
     import dataclasses
 
+    from clbench.data import configure
+
+    configure(**data)
     return dataclasses.asdict(run(RunSpec.from_dict(spec), out_dir))

@@ -16,6 +16,7 @@ Optional strategy hooks the runner calls when present: ``extra_metrics() -> dict
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -33,7 +34,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from clbench import metrics, progress
-from clbench.config import RunSpec, build_config, config_dict, config_hash
+from clbench.config import RunSpec, build_config, config_hash
+from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, resolve_device
 from clbench.errors import NonFiniteLossError
 from clbench.protocol import ParamCount, Scenario, ScenarioInfo, Strategy
@@ -153,8 +155,9 @@ def _mega(n: int) -> float:
 def run(spec: RunSpec, out_dir: str | Path) -> RunRecord:
     """Train and evaluate one run, write its record to ``<out_dir>/runs/<run_id>.json`` and return it.
 
-    Any exception (a NaN loss included) gives a ``failed`` record with the reason; ``KeyboardInterrupt``
-    propagates and writes nothing for this run (finished records of other runs stay).
+    Any exception (a NaN loss included) gives a ``failed`` record with the reason. Set-up errors that every run
+    would repeat (a missing dataset) and ``KeyboardInterrupt`` propagate and write nothing for this run (finished
+    records of other runs stay).
     """
     device = resolve_device(spec.device)
     identity = spec.identity()
@@ -164,7 +167,7 @@ def run(spec: RunSpec, out_dir: str | Path) -> RunRecord:
     try:
         _execute(spec, device, record, Path(out_dir))
         record.status = "finished"
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, DatasetNotFound):
         raise
     except Exception as exc:  # noqa: BLE001 - every failure is recorded and the suite goes on
         record.reason = f"{type(exc).__name__}: {exc}"
@@ -185,7 +188,8 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
     experiences = list(scenario.train_stream)
     steps = [experiences] if offline else experiences
     train_s = eval_s = 0.0
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if spec.amp and device.type == "cuda" else _null()
+    amp = spec.amp and device.type == "cuda"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
     with PeakMemory(device) as memory, autocast:
         for i, step in enumerate(progress.bar(steps, desc=spec.run_id, level="experiences")):
             start = time.perf_counter()
@@ -217,14 +221,6 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
         record.state_dir = str(state_dir)
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def config_of(record: RunRecord) -> Any:
     """The strategy config a record was produced with (to rebuild its strategy, e.g. for unlearning)."""
     spec = RunSpec.from_dict(record.spec)
@@ -232,4 +228,4 @@ def config_of(record: RunRecord) -> Any:
 
 
 __all__ = ["RunRecord", "run", "evaluate", "record_path", "build_scenario", "build_strategy", "config_of",
-           "seed_everything", "config_dict"]
+           "seed_everything"]

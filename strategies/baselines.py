@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 from avalanche.models.utils import avalanche_forward
-from avalanche.training import DER, EWC, GDumb, ICaRL, LwF, Cumulative, JointTraining, Naive, Replay
+from avalanche.training import DER, EWC, Cumulative, GDumb, ICaRL, JointTraining, LwF, Naive, Replay
 from avalanche.training.plugins import EvaluationPlugin, SupervisedPlugin
 from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
@@ -198,7 +198,7 @@ class EWCStrategy(AvalancheStrategy):
 
 @dataclass
 class LwFConfig(TrainConfig):
-    alpha: float = 1.0
+    alpha: float | list[float] = 1.0        # a list gives one alpha per experience
     temperature: float = 2.0
 
 
@@ -234,6 +234,10 @@ class ICaRLStrategy(AvalancheStrategy):
     PRESETS = {"cpu": CPU, "full": {}}
 
     def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
+        if self.info.domain_incremental or self.info.task_aware:
+            raise ValueError(f"icarl is a class-incremental method; scenario {self.info.name!r} is "
+                             f"{'domain' if self.info.domain_incremental else 'task'}-incremental. "
+                             f"Use it on a class-incremental scenario (e.g. mnist_fmnist with mode=class).")
         template = ICaRL(feature_extractor=model.feature_extractor, classifier=model.classifier,
                          memory_size=self.config.mem_size, buffer_transform=None,
                          fixed_memory=self.config.fixed_memory, **common)

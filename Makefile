@@ -1,0 +1,34 @@
+# make bench : create .venv if needed, install, run the quick suite (split_digits, embedded, no download)
+# make test  : create .venv if needed, install, run the test suite
+# make lint  : ruff
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATA ?= $(if $(wildcard ../shared/data),../shared/data,)
+export CLBENCH_DATA ?= $(DATA)
+# torch is pinned to the tested build; pip takes it from the local wheel cache where one exists
+TORCH := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: bench test lint venv clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[dev,dp]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+bench: $(STAMP)
+	$(PY) run_bench.py --suite quick
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -p no:cacheprovider tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check clbench strategies scenarios tests benchmarks run_bench.py
+
+clean-venv:
+	rm -rf $(VENV)

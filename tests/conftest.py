@@ -1,0 +1,28 @@
+"""Shared fixtures. Tests run offline on CPU; real datasets are found through $CLBENCH_DATA when it is set."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+warnings.filterwarnings("ignore", message="No loggers specified")
+
+
+@pytest.fixture
+def tiny_suite(tmp_path):
+    """Write a suite YAML (synthetic scenario, given strategies) and return its path."""
+    import yaml
+
+    def make(strategies: list[dict], seeds=(0,), scenario_args: dict | None = None, name: str = "tiny"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({
+            "suite": name, "seeds": list(seeds),
+            "scenarios": [{"name": "synthetic",
+                           "args": scenario_args or {"train_per_class": 20, "test_per_class": 10}}],
+            "strategies": strategies}))
+        return path
+
+    return make

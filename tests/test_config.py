@@ -1,0 +1,68 @@
+"""Suite files and hyperparameters: every mistake is an error that names the file, the key and the fix."""
+
+import pytest
+import yaml
+
+from clbench.config import ConfigError, build_config, load_suite, parse_suite, shipped_suites
+
+GOOD = {"suite": "s", "seeds": [0, 1], "scenarios": [{"name": "synthetic"}],
+        "strategies": [{"name": "replay", "preset": "cpu", "args": {"mem_size": 50}}, "naive"]}
+
+
+def test_valid_suite_expands_to_run_specs():
+    suite = parse_suite(GOOD, "good.yaml")
+    specs = suite.run_specs()
+    assert [s.run_id for s in specs] == ["synthetic__replay__s0", "synthetic__replay__s1",
+                                         "synthetic__naive__s0", "synthetic__naive__s1"]
+    assert specs[0].strategy.args == {"mem_size": 50}
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d.update(seed=[1]), r"bad\.yaml: unknown key 'seed'\. Did you mean 'seeds'\?"),
+    (lambda d: d["strategies"][0].update(arg={}), r"strategies\[0\]: unknown key 'arg'. Did you mean 'args'"),
+    (lambda d: d["strategies"][0]["args"].update(mem_sise=3), r"unknown key 'mem_sise'. Did you mean 'mem_size'"),
+    (lambda d: d["strategies"][0].update(preset="gpu"), r"has no preset 'gpu'"),
+    (lambda d: d["strategies"].append({"name": "replya"}), r"unknown strategy 'replya'. Did you mean 'replay'"),
+    (lambda d: d["scenarios"].append({"name": "split_digit"}), r"Did you mean 'split_digits'"),
+    (lambda d: d["scenarios"][0].update(args={"n_clases": 4}), r"unknown key 'n_clases'. Did you mean 'n_classes'"),
+    (lambda d: d.update(seeds="0"), r"'seeds' must be a non-empty list of integers"),
+    (lambda d: d.pop("strategies"), r"missing required key 'strategies'"),
+    (lambda d: d["strategies"].append({"name": "naive"}), r"'naive' appears twice"),
+    (lambda d: d["strategies"][0]["args"].update(epochs=0), r"invalid hyperparameters"),
+    (lambda d: d["strategies"][0]["args"].update(optimizer="lbfgs"), r"optimizer must be one of"),
+])
+def test_malformed_suites_raise_clear_errors(mutate, match):
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    mutate(data)
+    with pytest.raises(ConfigError, match=match):
+        parse_suite(data, "bad.yaml")
+
+
+def test_invalid_yaml_and_missing_file(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("suite: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_suite(path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_suite(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="unknown suite 'quik'. Did you mean 'quick'"):
+        load_suite("quik")
+
+
+def test_presets_then_overrides():
+    config = build_config("replay", "cpu", {"lr": 0.5})
+    assert config.optimizer == "adam" and config.lr == 0.5 and config.mem_size == 2000
+
+
+def test_every_shipped_suite_is_valid():
+    suites = shipped_suites()
+    assert "quick" in suites
+    for name in suites:
+        assert load_suite(name).run_specs(), name
+
+
+def test_select_restricts_and_rejects_unknown():
+    suite = parse_suite(GOOD, "good.yaml")
+    assert [s.key for s in suite.select(strategies=["naive"]).strategies] == ["naive"]
+    with pytest.raises(ConfigError, match="has no strategy 'ewc'"):
+        suite.select(strategies=["ewc"])
