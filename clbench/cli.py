@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from clbench import progress
 from clbench.config import ConfigError, build_config, load_suite, shipped_suites
 from clbench.registry import COMMANDS, MODELS, SCENARIOS, STRATEGIES, UnknownNameError
@@ -110,7 +112,8 @@ def _list(args: argparse.Namespace) -> int:
         print(fmt(name, _first_line(MODELS.get(name))))
     print("\n## Suites" if args.markdown else "suites:")
     for name, path in sorted(shipped_suites().items()):
-        print(fmt(name, str(path.name)))
+        description = " ".join(str(yaml.safe_load(path.read_text()).get("description", "")).split())
+        print(fmt(name, description.split(". ")[0].rstrip(".") + "."))
     return 0
 
 

@@ -124,9 +124,13 @@ class AvalancheStrategy:
         return {}
 
     def train(self, experience) -> None:
-        with warnings.catch_warnings():   # Avalanche 0.6 warns about its own deprecated storage-policy calls
-            warnings.simplefilter("ignore", DeprecationWarning)
+        # Avalanche 0.6 warns about its own deprecated storage-policy calls and resets the warning filters to do
+        # so; record the warnings and re-emit all others.
+        with warnings.catch_warnings(record=True) as caught:
             self.template.train(experience, num_workers=0)
+        for w in caught:
+            if not issubclass(w.category, DeprecationWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     @torch.no_grad()
     def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
