@@ -66,8 +66,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    spec = RunSpec("bench", ScenarioEntry(args.scenario), StrategyEntry(args.strategy, "cpu",
-                                                                         {"epochs": args.epochs}), 0, "cpu")
+    strategy = StrategyEntry(name=args.strategy, preset="cpu", args={"epochs": args.epochs})
+    spec = RunSpec("bench", ScenarioEntry(args.scenario), strategy, 0, "cpu")
     plain, ours = [], []
     clbench_runner(spec)                                   # warm-up: imports, first-touch allocations
     for _ in range(args.repeats):

@@ -89,6 +89,8 @@ def config_hash(payload: dict) -> str:
 # ------------------------------------------------------------------------------------------------------------ specs
 @dataclass(frozen=True)
 class ScenarioEntry:
+    """A suite's scenario: a SCENARIOS name, its keyword arguments, and an optional row label."""
+
     name: str
     args: dict = field(default_factory=dict)
     label: str = ""
@@ -99,15 +101,10 @@ class ScenarioEntry:
 
 
 @dataclass(frozen=True)
-class StrategyEntry:
-    name: str
-    preset: str | None = None
-    args: dict = field(default_factory=dict)
-    label: str = ""
+class StrategyEntry(ScenarioEntry):
+    """A suite's strategy: a STRATEGIES name, Config overrides (``args``), a label and a preset."""
 
-    @property
-    def key(self) -> str:
-        return self.label or self.name
+    preset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -240,7 +237,8 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         except KeyError as exc:
             raise ConfigError(f"{source}: scenarios[{i}]: {exc}") from None
         _check_scenario_args(f"{source}: scenarios[{i}]", item["name"], item.get("args", {}))
-        scenarios.append(ScenarioEntry(item["name"], dict(item.get("args", {})), item.get("label", "")))
+        scenarios.append(ScenarioEntry(name=item["name"], args=dict(item.get("args", {})),
+                                       label=item.get("label", "")))
 
     strategies = []
     for i, item in enumerate(_entry_list(f"{source}: strategies", data["strategies"], STRATEGY_KEYS)):
@@ -250,8 +248,8 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         except KeyError as exc:
             raise ConfigError(f"{source}: strategies[{i}]: {exc}") from None
         build_config(item["name"], item.get("preset"), item.get("args", {}), where=where)
-        strategies.append(StrategyEntry(item["name"], item.get("preset"), dict(item.get("args", {})),
-                                        item.get("label", "")))
+        strategies.append(StrategyEntry(name=item["name"], preset=item.get("preset"),
+                                        args=dict(item.get("args", {})), label=item.get("label", "")))
 
     for kind, entries in (("scenario", scenarios), ("strategy", strategies)):
         keys = [e.key for e in entries]

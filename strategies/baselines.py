@@ -15,6 +15,7 @@ GDumb (Prabhu et al., 2020) memory 2000, retrained from scratch on the memory at
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,7 +122,10 @@ class AvalancheStrategy:
         return self.template_cls(model=model, criterion=nn.CrossEntropyLoss(), **common, **self.template_kwargs())
 
     def template_kwargs(self) -> dict:
-        return {}
+        """The Config fields beyond :class:`TrainConfig`'s, passed to the template under the same names."""
+        shared = {f.name for f in dataclasses.fields(TrainConfig)}
+        return {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)
+                if f.name not in shared}
 
     def train(self, experience) -> None:
         # Avalanche 0.6 warns about its own deprecated storage-policy calls and resets the warning filters to do
@@ -166,7 +170,7 @@ class JointStrategy(AvalancheStrategy):
 
 
 @dataclass
-class ReplayConfig(TrainConfig):
+class MemoryConfig(TrainConfig):
     mem_size: int = 2000
 
 
@@ -175,10 +179,7 @@ class ReplayStrategy(AvalancheStrategy):
     """Experience replay with a class-balanced reservoir memory of ``mem_size`` samples (Avalanche's Replay)."""
 
     template_cls = Replay
-    Config = ReplayConfig
-
-    def template_kwargs(self) -> dict:
-        return {"mem_size": self.config.mem_size}
+    Config = MemoryConfig
 
 
 @dataclass
@@ -195,10 +196,6 @@ class EWCStrategy(AvalancheStrategy):
     template_cls = EWC
     Config = EWCConfig
 
-    def template_kwargs(self) -> dict:
-        c = self.config
-        return {"ewc_lambda": c.ewc_lambda, "mode": c.mode, "decay_factor": c.decay_factor}
-
 
 @dataclass
 class LwFConfig(TrainConfig):
@@ -212,9 +209,6 @@ class LwFStrategy(AvalancheStrategy):
 
     template_cls = LwF
     Config = LwFConfig
-
-    def template_kwargs(self) -> dict:
-        return {"alpha": self.config.alpha, "temperature": self.config.temperature}
 
 
 @dataclass
@@ -265,22 +259,10 @@ class DarkExperienceReplayStrategy(AvalancheStrategy):
     head = "fixed"
     Config = DarkERConfig
 
-    def template_kwargs(self) -> dict:
-        c = self.config
-        return {"mem_size": c.mem_size, "batch_size_mem": c.batch_size_mem, "alpha": c.alpha, "beta": c.beta}
-
-
-@dataclass
-class GDumbConfig(TrainConfig):
-    mem_size: int = 2000
-
 
 @STRATEGIES.register("gdumb")
 class GDumbStrategy(AvalancheStrategy):
     """GDumb: a greedy class-balanced memory; the model is trained on the memory only (Prabhu et al., 2020)."""
 
     template_cls = GDumb
-    Config = GDumbConfig
-
-    def template_kwargs(self) -> dict:
-        return {"mem_size": self.config.mem_size}
+    Config = MemoryConfig
