@@ -48,7 +48,7 @@ class DyToxArch:
 ARCHS: dict[str, DyToxArch] = {
     "cifar": DyToxArch(),                                        # 5 SAB + 1 TAB, dim 384, 12 heads, 32px patch 4
     "imagenet": DyToxArch(patch_size=16),                        # same, 224px patch 16
-    "tiny": DyToxArch(embed_dim=128, depth=4, num_heads=4),      # CPU scale (see ../shared/CPU_SCALE.md)
+    "tiny": DyToxArch(embed_dim=64, depth=3, num_heads=4),       # CPU scale: 3 SAB + 1 TAB, dim 64
 }
 
 
