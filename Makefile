@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA ?= $(if $(wildcard ../shared/data),../shared/data,)
 export CLBENCH_DATA ?= $(DATA)
+# sleeping (not spinning) OpenMP threads: see clbench/__init__.py
+export OMP_WAIT_POLICY ?= PASSIVE
 # torch is pinned to the tested build; pip takes it from the local wheel cache where one exists
 TORCH := torch==2.14.1 torchvision==0.29.1
 

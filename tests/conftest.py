@@ -5,7 +5,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
+
+import clbench  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads OpenMP)
+import torch  # noqa: I001
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message="No loggers specified")
