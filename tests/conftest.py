@@ -6,11 +6,14 @@ import warnings
 
 import pytest
 
-import clbench  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads OpenMP)
-import torch  # noqa: I001
-
-torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message="No loggers specified")
+
+
+def pytest_configure(config):
+    import clbench  # noqa: F401, I001  (sets OMP_WAIT_POLICY before torch loads OpenMP)
+    import torch
+
+    torch.set_num_threads(1)     # two xdist workers share the two cores
 
 
 @pytest.fixture
