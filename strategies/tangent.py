@@ -93,7 +93,8 @@ class SisaConfig(NonlinearConfig):
     n_shards: int = 10
 
 
-CPU = {"epochs": 5, "batch_size": 32, "lr": 1e-3}
+CPU = {"model_args": {"embed_dim": 64, "depth": 3, "num_heads": 4, "patch_size": 4}, "epochs": 5, "batch_size": 32,
+       "lr": 1e-3}
 FULL = {"model_args": {"embed_dim": 384, "depth": 6, "num_heads": 12, "patch_size": 4}, "epochs": 30,
         "batch_size": 128, "lr": 1e-3}
 
