@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import platform
 import subprocess
@@ -68,12 +70,22 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``), so that the resident set
+    size at the start of a run does not include what earlier runs in this process freed but malloc kept."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakMemory:
     """Peak memory used by the code inside the ``with`` block, in MB.
 
     On CUDA: ``torch.cuda.max_memory_allocated`` (reset on entry). On CPU: the peak resident set size sampled
-    every ``interval`` seconds by a background thread, minus the resident size on entry (memory the process
-    already held and reuses is not counted again).
+    every ``interval`` seconds by a background thread, minus the resident size on entry, after freed memory was
+    returned to the OS (:func:`release_freed_memory`).
     """
 
     def __init__(self, device: torch.device, interval: float = 0.02) -> None:
@@ -85,6 +97,7 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             return self
+        release_freed_memory()
         self._base = self._peak = _rss_bytes()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
