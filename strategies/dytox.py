@@ -30,6 +30,7 @@ optimizer, forward, criterion, per-epoch lr). The runner sees the :class:`~clben
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -43,7 +44,7 @@ from timm.optim import param_groups_weight_decay
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from clbench.models.dytox import ARCHS, DyToxNet, DyToxOutput, TaskClassifier
+from clbench.models.dytox import ARCHS, DyToxArch, DyToxNet, DyToxOutput, TaskClassifier
 from clbench.protocol import ParamCount, ScenarioInfo
 from clbench.registry import STRATEGIES
 from strategies.dytox_memory import HerdingMemory
@@ -79,6 +80,10 @@ class DyToxConfig:
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {self.arch!r}")
+        fields = {f.name for f in dataclasses.fields(DyToxArch)}
+        if set(self.arch_overrides) - fields:
+            raise ValueError(f"unknown arch_overrides {sorted(set(self.arch_overrides) - fields)}; "
+                             f"DyToxArch fields: {sorted(fields)}")
         unknown = [a for a in self.augment if a not in AUGMENTATIONS]
         if unknown:
             raise ValueError(f"unknown augmentation(s) {unknown}; known: {sorted(AUGMENTATIONS)}")
@@ -336,7 +341,7 @@ class DyTox:
         self.template.run(task_phase(self.config, t), experience)
         self.memory.update(experience.dataset, self.features, batch_size=2 * self.config.batch_size,
                            device=self.device)
-        if t > 0:
+        if t > 0 and len(self.memory):
             self.template.run(finetune_phase(self.config), experience)
 
     @torch.no_grad()

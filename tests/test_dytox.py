@@ -307,3 +307,17 @@ def test_scenario_info_only_is_needed():
     info = ScenarioInfo(name="x", n_classes=4, classes_per_experience=(2, 2), input_shape=SHAPE)
     strategy = STRATEGIES.get("dytox")(info, "cpu", micro())
     assert strategy.num_parameters().total == n_params(strategy.model)
+
+
+def test_unknown_arch_override_is_a_config_error():
+    from clbench.config import ConfigError
+    with pytest.raises(ConfigError, match="embed_dimm"):
+        build_config("dytox", "micro", {"arch_overrides": {"embed_dimm": 8}})
+
+
+def test_without_memory_there_is_no_finetuning_and_no_rehearsal(digits):
+    strategy = STRATEGIES.get("dytox")(digits.info, "cpu", micro(mem_size=0))
+    for exp in list(digits.train_stream)[:2]:
+        strategy.train(exp)
+    assert len(strategy.memory) == 0 and strategy.memory.dataset() is None
+    assert strategy.predict(torch.randn(2, *SHAPE), None).shape == (2, 4)
