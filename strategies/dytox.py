@@ -14,7 +14,7 @@ Per task ``t`` (``|C_1:t|`` classes seen, ``|C_t|`` new), with the network of :m
 
    ``y_div`` puts the mass of all old classes on column 0 and new class ``c`` on column ``c - |C_1:t-1| + 1``.
    As in the official code, KL and BCE are averaged over all elements (``reduction="mean"``).
-   AdamW, lr ``5e-4 · bs / 512``, weight decay 1e-6 (none on biases, norms, tokens), per-epoch schedule: linear
+   AdamW, lr ``5e-4 · bs / 512``, weight decay 1e-6 (none on biases and norms), per-epoch schedule: linear
    warm-up from 1e-6 for 5 epochs, then cosine ``lr_min + ½(lr - lr_min)(1 + cos(π e / E))`` with lr_min 1e-5.
 3. Memory update: herding on ``[e_1, ..., e_t]`` under the global budget (:mod:`strategies.dytox_memory`).
 4. For ``t > 0``: balanced fine-tuning on the memory, encoder frozen, constant lr ``5e-5 · bs / 512``, 20 epochs,
@@ -271,12 +271,11 @@ class DyToxTemplate(SupervisedTemplate):
 
     def make_optimizer(self, **kwargs) -> None:
         """AdamW over the trainable parameters (and the divergence head while distilling); no weight decay on
-        1-D parameters and tokens, as timm's ``create_optimizer`` does."""
+        biases and other 1-D parameters, as timm's ``create_optimizer`` does for the official model."""
         trainable = nn.ModuleDict({"net": self.model})
         if self.div_head is not None and self.phase.distill:
             trainable["div"] = self.div_head.to(self.device)
-        groups = param_groups_weight_decay(trainable, self.config.weight_decay,
-                                           no_weight_decay_list=("net.task_tokens", "net.encoder.pos_embed"))
+        groups = param_groups_weight_decay(trainable, self.config.weight_decay)
         self.optimizer = torch.optim.AdamW(groups, lr=self.phase.lr)
 
     def _before_training_epoch(self, **kwargs) -> None:

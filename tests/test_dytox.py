@@ -321,3 +321,17 @@ def test_without_memory_there_is_no_finetuning_and_no_rehearsal(digits):
         strategy.train(exp)
     assert len(strategy.memory) == 0 and strategy.memory.dataset() is None
     assert strategy.predict(torch.randn(2, *SHAPE), None).shape == (2, 4)
+
+
+def test_optimizer_covers_exactly_the_trainable_parameters(digits):
+    strategy = STRATEGIES.get("dytox")(digits.info, "cpu", micro())
+    exps = list(digits.train_stream)
+    strategy.train(exps[0])
+    strategy.template.run(task_phase(strategy.config, 1), exps[1])
+    template = strategy.template
+    in_optimizer = {id(p) for g in template.optimizer.param_groups for p in g["params"]}
+    trainable = {id(p) for p in strategy.model.parameters() if p.requires_grad}
+    assert in_optimizer == trainable | {id(p) for p in template.div_head.parameters()}
+    no_decay = {id(p) for g in template.optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert id(strategy.model.heads[1].head.bias) in no_decay
+    assert id(strategy.model.heads[1].head.weight) not in no_decay
