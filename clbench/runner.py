@@ -114,11 +114,18 @@ def evaluate(strategy: Strategy, scenario: Scenario, step: int, device: torch.de
     Class-incremental (and domain-incremental): the prediction is the argmax over the classes seen so far,
     ``0 .. info.n_seen(step) - 1``. Task-incremental (``info.task_aware``): the argmax over test experience ``j``'s
     own classes ``info.class_range(j)``, the task label being given. Returns ``(accuracies, test sizes)``.
+
+    In class-incremental scenarios a future experience ``j > step`` holds only classes that cannot be predicted
+    yet, so ``R[step, j] = 0`` exactly; it is filled in without running the model.
     """
     info = scenario.info
     n_seen = info.n_seen(step)
     accuracies, sizes = [], []
     for j, experience in enumerate(scenario.test_stream):
+        if j > step and not (info.task_aware or info.domain_incremental):
+            accuracies.append(0.0)
+            sizes.append(len(experience.dataset))
+            continue
         allowed = info.class_range(j) if info.task_aware else range(n_seen)
         loader = DataLoader(experience.dataset.eval(), batch_size=batch_size, shuffle=False)
         correct = total = 0
