@@ -1,1 +1,2 @@
-"""Continual-learning strategies: one module per family, each registering its names in ``clbench.registry.STRATEGIES``."""
+"""Continual-learning strategies: one module per family, each registering its names in
+``clbench.registry.STRATEGIES``."""
