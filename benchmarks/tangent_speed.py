@@ -3,7 +3,7 @@ reported: on shared machines only ratios are comparable).
 
     python benchmarks/tangent_speed.py [--dim 192 --depth 6 --heads 3 --batch 64 --threads 1]
 
-Prints, each as a ratio of median wall times (targets from the issue in brackets):
+Prints, each as the median of back-to-back time ratios (targets from the issue in brackets):
   1. linearized forward / plain forward, last 1 block and all blocks linearized     [<= 1.5, <= 3.0]
   2. our closed-form forward / torch.func.jvp of the same f + J·Δ (last 1 block)     [< 1]
   3. composed model of N=50 tangent models / N=1, next to output ensembling of N=50  [<= 1.05, ~N]
@@ -27,15 +27,19 @@ from clbench.tangent import ShardComposition, cache_prefix, compose, linearize, 
 from clbench.tangent.train import FitSettings, fit
 
 
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+def seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def ratio(numerator: Callable[[], object], denominator: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median over ``repeats`` of ``t(numerator) / t(denominator)``, the two timed back to back in each repeat so
+    that load changes on a shared machine hit both sides of a ratio alike."""
     for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        numerator()
+        denominator()
+    return statistics.median(seconds(numerator) / seconds(denominator) for _ in range(repeats))
 
 
 def randomize(model, scale=0.01, seed=0):
@@ -67,11 +71,10 @@ def main() -> None:
           f"{args.threads} thread(s), median of {r}; float32")
 
     with torch.no_grad():
-        plain = median_time(lambda: vit(x), r)
         last1 = randomize(linearize(vit, last_blocks=1))
         full = randomize(linearize(vit, last_blocks=args.depth))
-        print(f"1. linearized forward / plain forward: last 1 block {median_time(lambda: last1(x), r) / plain:.2f}"
-              f"  [<= 1.5]   all {args.depth} blocks {median_time(lambda: full(x), r) / plain:.2f}  [<= 3.0]")
+        print(f"1. linearized forward / plain forward: last 1 block {ratio(lambda: last1(x), lambda: vit(x), r):.2f}"
+              f"  [<= 1.5]   all {args.depth} blocks {ratio(lambda: full(x), lambda: vit(x), r):.2f}  [<= 3.0]")
 
     reference = copy.deepcopy(vit)
     for block in reference.blocks:
@@ -84,17 +87,18 @@ def main() -> None:
         y, yd = jvp(lambda w: functional_call(reference, w, (x,)), (w0,), (tangents,))
         return y + yd
 
-    with torch.no_grad():
-        ours = median_time(lambda: last1(x), r)
-    print(f"2. our forward / torch.func.jvp (last 1 block): {ours / median_time(with_jvp, r):.2f}  [< 1]")
+    def ours():
+        with torch.no_grad():
+            return last1(x)
+
+    print(f"2. our forward / torch.func.jvp (last 1 block): {ratio(ours, with_jvp, r):.2f}  [< 1]")
 
     members = [randomize(copy.deepcopy(last1), seed=s) for s in range(50)]
     composed = compose(members)
     with torch.no_grad():
-        one = median_time(lambda: members[0](x), r)
-        print(f"3. composed inference N=50 / N=1: {median_time(lambda: composed(x), r) / one:.2f}  [<= 1.05]   "
-              f"output ensembling N=50 / N=1: {median_time(lambda: sum(m(x) for m in members) / 50, 1) / one:.1f}"
-              f"  [~50]")
+        print(f"3. composed inference N=50 / N=1: {ratio(lambda: composed(x), lambda: members[0](x), r):.2f}"
+              f"  [<= 1.05]   output ensembling N=50 / N=1: "
+              f"{ratio(lambda: sum(m(x) for m in members) / 50, lambda: members[0](x), 1, warmup=0):.1f}  [~50]")
 
     data = torch.randn(args.samples, 3, args.img, args.img)
     labels = torch.randint(0, 100, (args.samples,))
@@ -108,11 +112,10 @@ def main() -> None:
         return lambda: fit(forward, student.tangent_parameters(), inputs, labels, objective, settings, seed=0)
 
     tokens = cache_prefix(student, data)
-    cache_build = median_time(lambda: cache_prefix(student, data), 1, warmup=0)
-    uncached = median_time(epoch(student, data), 2)
-    cached = median_time(epoch(student.from_prefix, tokens), 2)
-    print(f"4. training epoch cached prefix / uncached (last 1 of {args.depth} blocks): {cached / uncached:.2f}"
-          f"  [<= 0.35]   (one-time cache build / uncached epoch: {cache_build / uncached:.2f})")
+    cached = ratio(epoch(student.from_prefix, tokens), epoch(student, data), 3, warmup=0)
+    build = ratio(lambda: cache_prefix(student, data), epoch(student, data), 1, warmup=0)
+    print(f"4. training epoch cached prefix / uncached (last 1 of {args.depth} blocks): {cached:.2f}"
+          f"  [<= 0.35]   (one-time cache build / uncached epoch: {build:.2f})")
 
     shards = split_shards(args.samples, 10, seed=0)
     composition = ShardComposition()
@@ -139,7 +142,7 @@ def main() -> None:
 
     subtract_s = statistics.median(subtract() for _ in range(r))
     print(f"5. forget 1 of 10 shards by subtraction / retraining the other 9 from scratch (1 epoch each): "
-          f"{subtract_s / median_time(retrain, 1, warmup=0):.5f}  [<= 0.01]")
+          f"{subtract_s / seconds(retrain):.5f}  [<= 0.01]")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,15 @@ from timm.models.vision_transformer import Attention, Block
 from torch import nn
 from torch.func import functional_call, jvp
 
-from clbench.tangent.layers import (TangentAttention, TangentBlock, TangentGELU, TangentLayerNorm, TangentLayerScale,
-                                    TangentLinear, TangentMlp)
+from clbench.tangent.layers import (
+    TangentAttention,
+    TangentBlock,
+    TangentGELU,
+    TangentLayerNorm,
+    TangentLayerScale,
+    TangentLinear,
+    TangentMlp,
+)
 
 B, N, D = 3, 7, 16
 

@@ -7,8 +7,15 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch.func import functional_call, jvp
 
-from clbench.tangent import (ShardComposition, average_deltas, cache_prefix, compose, linearize, reset_blocks,
-                             split_shards)
+from clbench.tangent import (
+    ShardComposition,
+    average_deltas,
+    cache_prefix,
+    compose,
+    linearize,
+    reset_blocks,
+    split_shards,
+)
 
 
 @pytest.fixture(autouse=True)
