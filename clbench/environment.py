@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import gc
 import os
@@ -70,10 +71,22 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+_frozen = False
+
+
 def release_freed_memory() -> None:
     """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``), so that the resident set
-    size at the start of a run does not include what earlier runs in this process freed but malloc kept."""
+    size at the start of a run does not include what earlier runs in this process freed but malloc kept.
+
+    The first call moves every object alive then (the imported libraries, before any run's data exists) to the
+    collector's permanent generation (``gc.freeze``), so that later full collections scan only what runs created:
+    0.35 s per run on the 2-core machine without it."""
+    global _frozen
     gc.collect()
+    if not _frozen:
+        gc.freeze()
+        atexit.register(gc.unfreeze)     # let interpreter shutdown collect them as usual
+        _frozen = True
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -84,8 +97,8 @@ class PeakMemory:
     """Peak memory used by the code inside the ``with`` block, in MB.
 
     On CUDA: ``torch.cuda.max_memory_allocated`` (reset on entry). On CPU: the peak resident set size sampled
-    every ``interval`` seconds by a background thread, minus the resident size on entry, after freed memory was
-    returned to the OS (:func:`release_freed_memory`).
+    every ``interval`` seconds by a background thread, minus the resident size on entry (call
+    :func:`release_freed_memory` before, so that memory freed earlier is not reused unseen).
     """
 
     def __init__(self, device: torch.device, interval: float = 0.02) -> None:
@@ -97,7 +110,6 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             return self
-        release_freed_memory()
         self._base = self._peak = _rss_bytes()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()

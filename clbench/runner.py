@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 from clbench import metrics, progress
 from clbench.config import RunSpec, build_config, config_hash
 from clbench.data import DatasetNotFound
-from clbench.environment import PeakMemory, environment, resolve_device
+from clbench.environment import PeakMemory, environment, release_freed_memory, resolve_device
 from clbench.errors import NonFiniteLossError
 from clbench.protocol import ParamCount, Scenario, ScenarioInfo, Strategy
 from clbench.registry import SCENARIOS, STRATEGIES
@@ -185,6 +185,7 @@ def run(spec: RunSpec, out_dir: str | Path) -> RunRecord:
 
 
 def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Path) -> None:
+    release_freed_memory()          # before this run's data exists: what earlier runs freed goes back to the OS
     seed_everything(spec.seed)
     scenario = build_scenario(spec)
     info = scenario.info
