@@ -335,3 +335,28 @@ def test_optimizer_covers_exactly_the_trainable_parameters(digits):
     no_decay = {id(p) for g in template.optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
     assert id(strategy.model.heads[1].head.bias) in no_decay
     assert id(strategy.model.heads[1].head.weight) not in no_decay
+
+
+def test_task_classifiers_keep_the_default_linear_init_like_the_official_code():
+    model = net(2, 2, arch=dataclasses.replace(ARCH, embed_dim=64))
+    for head in model.heads:                        # U(±1/√D): std 1/√(3D) ≈ 0.072, never trunc_normal(0.02)
+        assert 0.05 < float(head.head.weight.std()) < 0.1
+        assert float(head.head.weight.abs().max()) <= 64 ** -0.5
+        assert bool((head.head.bias != 0).any())
+
+
+def test_regression_second_task_is_learned_on_split_digits_micro(digits):
+    """Regression (every task after the first scored 0%): with heads initialized like the backbone
+    (trunc_normal 0.02) the new task embedding e_2 collapsed to a constant within ~10 updates; the new head's
+    logits were flat (std 0.017 over the test images of task 2) and below the old head's, so task 2 scored 0.0."""
+    from clbench.runner import evaluate
+    torch.set_num_threads(1)
+    strategy = STRATEGIES.get("dytox")(digits.info, "cpu", build_config("dytox", "micro"))
+    for exp in list(digits.train_stream)[:2]:
+        strategy.train(exp)
+    accuracies, _ = evaluate(strategy, digits, 1, torch.device("cpu"))
+    assert accuracies[1] > 0.15                     # was exactly 0.0; 0.57 here (0.21-0.57 over torch seeds 0-6)
+    test = digits.test_stream[1].dataset.eval()
+    x = torch.stack([test[i][0] for i in range(len(test))])
+    new_logits = strategy.predict(x, None)[:, 2:4]
+    assert float(new_logits.std(dim=0).mean()) > 0.04     # not collapsed to a constant (was 0.017; >= 0.054 now)

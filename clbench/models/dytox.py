@@ -127,14 +127,19 @@ class TaskAttentionBlock(nn.Module):
 
 
 class TaskClassifier(nn.Module):
-    """``Clf_i(e_i) = W_i LN_i(e_i) + b_i``: ``(B, D) -> (B, n_classes)``. Also the divergence head's form."""
+    """``Clf_i(e_i) = W_i LN_i(e_i) + b_i``: ``(B, D) -> (B, n_classes)``. Also the divergence head's form.
+
+    ``W_i`` and ``b_i`` keep PyTorch's default ``nn.Linear`` initialization, ``U(±1/√D)``, as the official
+    ``ContinualClassifier`` does (it is created when a task starts and never passes through the ViT init). Do NOT
+    re-initialize it with the backbone's ``trunc_normal(0.02)``: at small ``D`` that makes a new head ~5x weaker
+    (std 0.02 vs 1/√(3D) = 0.10 at D = 32), its gradient into the shared TAB is swamped by the old heads' and the new
+    task embedding collapses to a constant within a few updates, so every new task scored 0% (``docs/dytox.md``).
+    """
 
     def __init__(self, dim: int, n_classes: int) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, n_classes)
-        trunc_normal_(self.head.weight, std=0.02)
-        nn.init.zeros_(self.head.bias)
+        self.head = nn.Linear(dim, n_classes)          # default init U(-1/√D, 1/√D) for weight and bias
 
     def forward(self, e: Tensor) -> Tensor:
         return self.head(self.norm(e))
@@ -192,7 +197,7 @@ class DyToxNet(nn.Module):
         self.tab = TaskAttentionBlock(arch, drop_path=arch.drop_path)
         self.task_tokens = nn.ParameterList()
         self.heads = nn.ModuleList()
-        self.apply(_init_weights)
+        self.apply(_init_weights)                       # before any head exists: heads keep their own init
         for module in self.modules():
             if isinstance(module, GPSA):
                 module.local_init()
