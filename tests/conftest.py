@@ -31,3 +31,14 @@ def tiny_suite(tmp_path):
         return path
 
     return make
+
+
+@pytest.fixture
+def float64():
+    """Run a test in float64 (reference checks against torch.func.jvp); the default dtype is restored after."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)

@@ -20,13 +20,7 @@ from clbench.tangent.layers import (
 B, N, D = 3, 7, 16
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    """Every check runs in float64; the global default is restored for other test modules."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")    # every check runs in float64 (tests/conftest.py)
 
 
 def rel_err(a, b):

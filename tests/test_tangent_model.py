@@ -17,13 +17,7 @@ from clbench.tangent import (
     split_shards,
 )
 
-
-@pytest.fixture(autouse=True)
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")    # every check runs in float64 (tests/conftest.py)
 
 
 def tiny_vit(depth=3, heads=2, dim=16, qkv_bias=True, img=8, init_values=None, global_pool="token", seed=0):
