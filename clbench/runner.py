@@ -146,9 +146,9 @@ def evaluate(strategy: Strategy, scenario: Scenario, step: int, device: torch.de
 
 
 # --------------------------------------------------------------------------------------------------------- runner
-def build_strategy(spec: RunSpec, info: ScenarioInfo, device: torch.device) -> tuple[Strategy, Any]:
+def build_strategy(spec: RunSpec, info: ScenarioInfo, device: torch.device) -> Strategy:
     config = build_config(spec.strategy.name, spec.strategy.preset, spec.strategy.args)
-    return STRATEGIES.get(spec.strategy.name)(info, device, config), config
+    return STRATEGIES.get(spec.strategy.name)(info, device, config)
 
 
 def build_scenario(spec: RunSpec) -> Scenario:
@@ -191,7 +191,7 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
     info = scenario.info
     record.scenario_info = dataclasses.asdict(info)
     seed_everything(spec.seed)
-    strategy, _ = build_strategy(spec, info, device)
+    strategy = build_strategy(spec, info, device)
     offline = bool(getattr(strategy, "offline", False))
     experiences = list(scenario.train_stream)
     steps = [experiences] if offline else experiences
@@ -229,11 +229,5 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
         record.state_dir = str(state_dir)
 
 
-def config_of(record: RunRecord) -> Any:
-    """The strategy config a record was produced with (to rebuild its strategy, e.g. for unlearning)."""
-    spec = RunSpec.from_dict(record.spec)
-    return build_config(spec.strategy.name, spec.strategy.preset, spec.strategy.args)
-
-
-__all__ = ["RunRecord", "run", "evaluate", "record_path", "build_scenario", "build_strategy", "config_of",
+__all__ = ["RunRecord", "run", "evaluate", "record_path", "build_scenario", "build_strategy",
            "seed_everything"]

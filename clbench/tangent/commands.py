@@ -142,7 +142,7 @@ def forget(args: argparse.Namespace) -> int:
     if args.ids:
         requests = {Path(args.ids).stem: [int(i) for i in Path(args.ids).read_text().split()]}
     else:
-        probe, _ = build_strategy(spec, scenario.info, device)
+        probe = build_strategy(spec, scenario.info, device)
         probe.load_state(record.state_dir)
         requests = _touch_requests(probe, args.touch, args.per_shard, spec.seed)
     out = Path(args.run).parent.parent
@@ -150,7 +150,7 @@ def forget(args: argparse.Namespace) -> int:
     for tag, ids in requests.items():
         for mode in args.mode:
             seed_everything(spec.seed)
-            strategy, _ = build_strategy(spec, scenario.info, device)
+            strategy = build_strategy(spec, scenario.info, device)
             strategy.load_state(record.state_dir)
             removal = strategy.forget(ids, mode, experiences)
             accuracies, sizes = evaluate(strategy, scenario, last, device)
