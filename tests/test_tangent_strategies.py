@@ -15,14 +15,6 @@ def scenario():
     return SCENARIOS.get("split_digits")(seed=0, n_experiences=2)
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def build(name, scenario, **args):
     torch.manual_seed(0)
     return STRATEGIES.get(name)(scenario.info, torch.device("cpu"), build_config(name, None, {**TINY, **args}))
