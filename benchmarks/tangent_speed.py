@@ -42,14 +42,6 @@ def ratio(numerator: Callable[[], object], denominator: Callable[[], object], re
     return statistics.median(seconds(numerator) / seconds(denominator) for _ in range(repeats))
 
 
-def randomize(model, scale=0.01, seed=0):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in model.tangent_parameters():
-            p.copy_(scale * torch.randn_like(p))
-    return model
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", type=int, default=192)
@@ -71,8 +63,8 @@ def main() -> None:
           f"{args.threads} thread(s), median of {r}; float32")
 
     with torch.no_grad():
-        last1 = randomize(linearize(vit, last_blocks=1))
-        full = randomize(linearize(vit, last_blocks=args.depth))
+        last1 = linearize(vit, last_blocks=1).randomize_deltas(0.01)
+        full = linearize(vit, last_blocks=args.depth).randomize_deltas(0.01)
         print(f"1. linearized forward / plain forward: last 1 block {ratio(lambda: last1(x), lambda: vit(x), r):.2f}"
               f"  [<= 1.5]   all {args.depth} blocks {ratio(lambda: full(x), lambda: vit(x), r):.2f}  [<= 3.0]")
 
@@ -93,7 +85,7 @@ def main() -> None:
 
     print(f"2. our forward / torch.func.jvp (last 1 block): {ratio(ours, with_jvp, r):.2f}  [< 1]")
 
-    members = [randomize(copy.deepcopy(last1), seed=s) for s in range(50)]
+    members = [copy.deepcopy(last1).randomize_deltas(0.01, seed=s) for s in range(50)]
     composed = compose(members)
     with torch.no_grad():
         print(f"3. composed inference N=50 / N=1: {ratio(lambda: composed(x), lambda: members[0](x), r):.2f}"
@@ -120,7 +112,7 @@ def main() -> None:
     shards = split_shards(args.samples, 10, seed=0)
     composition = ShardComposition()
     for key, local in enumerate(shards):
-        composition.add(key, randomize(copy.deepcopy(student), seed=key).delta_state(), float(len(local)))
+        composition.add(key, copy.deepcopy(student).randomize_deltas(0.01, seed=key).delta_state(), float(len(local)))
     deployed = copy.deepcopy(student)
 
     def subtract():

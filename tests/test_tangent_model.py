@@ -37,14 +37,6 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def randomize_delta(model, scale=0.05, seed=1):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in model.tangent_parameters():
-            p.copy_(scale * torch.randn_like(p))
-    return model
-
-
 def jvp_reference(vit, x, delta):
     """f(x; w0) + J_w f(x; w0)·Δ with torch.func.jvp; Δ keyed by the original parameter names."""
     w0 = {n: p.detach() for n, p in vit.named_parameters()}
@@ -66,7 +58,7 @@ CASES = [  # depth, heads, dim, qkv_bias, last_blocks, linearize_cls, init_value
 @pytest.mark.parametrize("depth,heads,dim,qkv_bias,k,cls,init_values,pool", CASES)
 def test_linearized_vit_matches_jvp(depth, heads, dim, qkv_bias, k, cls, init_values, pool):
     vit = tiny_vit(depth, heads, dim, qkv_bias, init_values=init_values, global_pool=pool)
-    model = randomize_delta(linearize(vit, last_blocks=k, linearize_cls=cls))
+    model = linearize(vit, last_blocks=k, linearize_cls=cls).randomize_deltas(0.05, seed=1)
     x = torch.randn(4, 3, 8, 8)
     delta = model.delta_state()
     expected = {f"blocks.{i}.{n}" for i in range(depth - k, depth)
@@ -86,7 +78,7 @@ def test_zero_delta_is_the_original_model():
 def test_reset_linearizes_around_reinitialized_blocks():
     vit = tiny_vit(depth=3, img=16)
     torch.manual_seed(7)
-    model = randomize_delta(linearize(vit, last_blocks=2, reset=True))
+    model = linearize(vit, last_blocks=2, reset=True).randomize_deltas(0.05, seed=1)
     torch.manual_seed(7)
     reset_vit = copy.deepcopy(vit)
     reset_blocks(reset_vit, 2)
@@ -98,7 +90,7 @@ def test_reset_linearizes_around_reinitialized_blocks():
 
 def test_cached_prefix_gives_the_same_logits():
     vit = tiny_vit(depth=3)
-    model = randomize_delta(linearize(vit, last_blocks=1))
+    model = linearize(vit, last_blocks=1).randomize_deltas(0.05, seed=1)
     x = torch.randn(10, 3, 8, 8)
     assert torch.equal(model.from_prefix(cache_prefix(model, x, batch_size=4)), model(x))
     with pytest.raises(ValueError):
@@ -108,7 +100,7 @@ def test_cached_prefix_gives_the_same_logits():
 def test_composition_equals_weighted_output_average():
     vit = tiny_vit(depth=3)
     base = linearize(vit, last_blocks=2, linearize_cls=True)
-    members = [randomize_delta(copy.deepcopy(base), seed=s) for s in range(4)]
+    members = [copy.deepcopy(base).randomize_deltas(0.05, seed=s) for s in range(4)]
     lambdas = [0.1, 0.2, 0.3, 0.4]
     x = torch.randn(5, 3, 8, 8)
     ensemble = sum(lam * m(x) for lam, m in zip(lambdas, members))
@@ -129,7 +121,7 @@ def test_forget_by_subtraction_equals_composition_of_remaining_shards():
     base = linearize(vit, last_blocks=1)
     shards = split_shards(103, 6, seed=0)
     assert sorted(torch.cat(shards).tolist()) == list(range(103))
-    deltas = [randomize_delta(copy.deepcopy(base), seed=s).delta_state() for s in range(6)]
+    deltas = [copy.deepcopy(base).randomize_deltas(0.05, seed=s).delta_state() for s in range(6)]
     sizes = [len(s) for s in shards]
     composition = ShardComposition()
     for i, (delta, size) in enumerate(zip(deltas, sizes)):

@@ -90,6 +90,15 @@ class TangentModel(nn.Module):
     def tangent_parameters(self) -> Iterator[nn.Parameter]:
         return (p for _, p in self.named_tangent_parameters())
 
+    @torch.no_grad()
+    def randomize_deltas(self, scale: float, seed: int = 0) -> TangentModel:
+        """Fill every ``Δ`` with ``scale · N(0, 1)`` drawn from ``seed`` (for checks and benchmarks; training
+        starts from ``Δ = 0``). Returns ``self``."""
+        generator = torch.Generator().manual_seed(seed)
+        for p in self.tangent_parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+        return self
+
     def delta_state(self) -> dict[str, Tensor]:
         """A detached copy of every ``Δ`` keyed by its original parameter name."""
         return {name: p.detach().clone() for name, p in self.named_tangent_parameters()}
