@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import gc
 import os
 import platform
@@ -52,7 +53,9 @@ def describe_machine(device: torch.device) -> str:
     return f"cpu: {os.cpu_count()} cores ({cpu_model()}), {torch.get_num_threads()} torch threads"
 
 
-def environment(device: torch.device) -> dict:
+@functools.cache
+def _software() -> dict:
+    """Package versions, platform and git commit: fixed for the life of the process, so read once."""
     versions = {}
     for name in PACKAGES:
         try:
@@ -60,7 +63,12 @@ def environment(device: torch.device) -> dict:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return {"python": platform.python_version(), "platform": platform.platform(), "packages": versions,
-            "git_commit": git_commit(), "device": str(device), "machine": describe_machine(device)}
+            "git_commit": git_commit()}
+
+
+def environment(device: torch.device) -> dict:
+    return {**_software(), "packages": dict(_software()["packages"]), "device": str(device),
+            "machine": describe_machine(device)}
 
 
 def _rss_bytes() -> int:
