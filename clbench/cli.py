@@ -55,6 +55,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default: results/<suite>)")
     p.add_argument("--executor", default="local", help="local (default) or ray")
     p.add_argument("--ray-address", default=None, help="Ray cluster address (ray executor; 'auto' joins one)")
+    p.add_argument("--shard-workers", type=int, default=1,
+                   help="train up to N shard members of a run at once (taft_shards, model_soup, sisa): N spawned "
+                        "processes (local executor) or nested Ray tasks (ray); same results as 1 (default)")
     p.add_argument("--init", help="local checkpoint: sets the 'init' hyperparameter of every strategy that has one")
 
 
@@ -76,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     suite = _with_init(load_suite(args.suite).select(args.scenario, args.strategy, args.seeds), args.init)
     out = Path(args.out or Path("results") / suite.name)
     specs = suite.run_specs(device=args.device, amp=args.amp)
-    executor = EXECUTORS.get(args.executor)(address=args.ray_address)
+    executor = EXECUTORS.get(args.executor)(address=args.ray_address, shard_workers=args.shard_workers)
     print(f"suite {suite.name}: {len(specs)} runs ({len(suite.scenarios)} scenarios x {len(suite.strategies)} "
           f"strategies x {len(suite.seeds)} seeds) -> {out}", file=sys.stderr)
     records = executor.run_all(specs, out)

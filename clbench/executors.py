@@ -1,5 +1,10 @@
 """Run a list of RunSpecs: in this process (``local``, the default) or on a Ray cluster (``ray``).
 
+Independent work inside a run (the shard members of ``taft_shards``, ``model_soup``, ``sisa``) goes through the
+task pool the executor installs around its runs (:mod:`clbench.tasks`): with ``shard_workers > 1``, a pool of that
+many spawned processes (``local``) or nested Ray tasks (``ray``); in the run's process otherwise. The pool does not
+change results.
+
 Both executors resume: a run whose record exists with status ``finished`` and the same identity hash (same suite,
 scenario, strategy, resolved hyperparameters and seed) is skipped. Failed runs and runs whose configuration changed
 are run again. Records are written atomically as each run ends, so an interrupted suite loses only the run in
@@ -13,7 +18,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from clbench import progress
+from clbench import progress, tasks
 from clbench.config import RunSpec, config_hash
 from clbench.registry import Registry
 from clbench.runner import RunRecord, record_path, run
@@ -40,10 +45,10 @@ def pending(specs: Iterable[RunSpec], out_dir: str | Path) -> list[RunSpec]:
 
 @EXECUTORS.register("local")
 class LocalExecutor:
-    """Runs specs one after the other in this process."""
+    """Runs specs one after the other in this process; their shard members in ``shard_workers`` processes."""
 
-    def __init__(self, **_: object) -> None:
-        pass
+    def __init__(self, shard_workers: int = 1, **_: object) -> None:
+        self.shard_workers = shard_workers
 
     def run_all(self, specs: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
         todo = pending(specs, out_dir)
@@ -52,9 +57,10 @@ class LocalExecutor:
         records = []
         bar = progress.bar(todo, desc="runs", level="runs")
         try:
-            for spec in bar:
-                bar.set_postfix_str(spec.run_id)
-                records.append(run(spec, out_dir))
+            with tasks.using(tasks.make_pool("process", self.shard_workers)):
+                for spec in bar:
+                    bar.set_postfix_str(spec.run_id)
+                    records.append(run(spec, out_dir))
         except KeyboardInterrupt:
             log.warning("interrupted: %d finished records are kept in %s; rerun the same command to resume.",
                         len(records), Path(out_dir) / "runs")
@@ -67,9 +73,11 @@ class RayExecutor:
     """Runs specs as Ray tasks (one task per run, ``num_cpus``/``num_gpus`` each) on ``address`` (``auto`` joins a
     running cluster; ``None`` starts a local one). Records are returned to the driver, which writes them under
     ``out_dir``, so workers need no shared filesystem (strategy state saved by ``save_state`` stays on the worker
-    unless ``out_dir`` is on a shared filesystem)."""
+    unless ``out_dir`` is on a shared filesystem). With ``shard_workers > 1`` a run's shard members are nested Ray
+    tasks (at most ``shard_workers`` in flight per run)."""
 
-    def __init__(self, address: str | None = None, num_cpus: float = 1, num_gpus: float = 0, **_: object) -> None:
+    def __init__(self, address: str | None = None, num_cpus: float = 1, num_gpus: float = 0, shard_workers: int = 1,
+                 **_: object) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -79,13 +87,14 @@ class RayExecutor:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
         self.remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_run_remote)
+        self.shard_workers = shard_workers
 
     def run_all(self, specs: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
         todo = pending(specs, out_dir)
         from clbench.data.roots import download_enabled, search_roots
 
         data = {"data_root": str(search_roots()[0]), "download": download_enabled()}   # --data-root/--download
-        futures = {self.remote.remote(spec.to_dict(), str(out_dir), data): spec for spec in todo}
+        futures = {self.remote.remote(spec.to_dict(), str(out_dir), data, self.shard_workers): spec for spec in todo}
         records = []
         bar = progress.bar(total=len(futures), desc="runs (ray)", level="runs")
         remaining = list(futures)
@@ -99,11 +108,13 @@ class RayExecutor:
         return records
 
 
-def _run_remote(spec: dict, out_dir: str, data: dict) -> dict:
-    """Ray task body: one run on the worker (with the driver's data settings); the record comes back as a dict."""
+def _run_remote(spec: dict, out_dir: str, data: dict, shard_workers: int) -> dict:
+    """Ray task body: one run on the worker (with the driver's data settings, its shard members as nested Ray
+    tasks); the record comes back as a dict."""
     import dataclasses
 
     from clbench.data import configure
 
     configure(**data)
-    return dataclasses.asdict(run(RunSpec.from_dict(spec), out_dir))
+    with tasks.using(tasks.make_pool("ray", shard_workers)):
+        return dataclasses.asdict(run(RunSpec.from_dict(spec), out_dir))

@@ -7,6 +7,7 @@ frozen; their output tokens are cached per experience, so training runs the last
   model is ``compose(Δ_1..Δ_t)`` (Tangent Model Composition), one model's inference cost. No replay.
 - ``taft_shards``: each experience split into ``n_shards`` disjoint seeded shards, one tangent model per shard, all
   composed; samples are removed by subtracting their shards (:meth:`forget`).
+  Members train independently on the run's task pool (:mod:`clbench.tasks`; ``--shard-workers``), same result.
 - ``nlft``: ordinary non-linear fine-tuning of the same last ``k`` blocks + head, sequentially over experiences.
 - ``model_soup``: a non-linear copy per experience/shard from ``w0``, deployed as the average of their weights.
 - ``sisa``: a non-linear copy per shard, deployed as the average of their outputs (O(N) inference).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,10 +30,12 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 import clbench.tangent.commands  # noqa: F401 - registers `run_bench.py pretrain` and `run_bench.py forget`
+from clbench import tasks
 from clbench.protocol import ParamCount, ScenarioInfo
 from clbench.registry import MODELS, STRATEGIES
 from clbench.tangent import ShardComposition, cache_prefix, delta_hash, linearize, reset_blocks, split_shards
 from clbench.tangent.losses import tangent_objective
+from clbench.tangent.members import MemberJob, train_delta, train_tail
 from clbench.tangent.tail import TailModel
 from clbench.tangent.train import OPTIMIZERS, FitSettings, fit
 
@@ -83,9 +87,15 @@ class ShardedTangentConfig(FineTuneConfig):
 
 @dataclass
 class NonlinearConfig(FineTuneConfig):
-    """Non-linear members are fine-tuned with cross-entropy by default (ordinary fine-tuning)."""
+    """Non-linear members are fine-tuned with cross-entropy by default (ordinary fine-tuning), always on cached
+    prefix tokens (a non-linear tail has no tangent CLS token)."""
 
     loss: str = "ce"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.linearize_cls:
+            raise ValueError("linearize_cls applies to tangent models only (taft, taft_shards).")
 
 
 @dataclass
@@ -161,12 +171,6 @@ class PrefixFineTuning:
         x = x.to(self.device, self.tangent.head.weight0.dtype)
         return cache_prefix(self.tangent, x, self.config.eval_batch_size) if self.cached else x
 
-    def _tail_forward(self, tail: TailModel):
-        """``inputs -> logits`` of a non-linear tail (inputs are cached tokens or images)."""
-        if self.cached:
-            return tail
-        return lambda x: tail(self.tangent.prefix(x))
-
     def _deployed_copies(self) -> int:
         return 1
 
@@ -177,10 +181,14 @@ class PrefixFineTuning:
 class ShardedFineTuning(PrefixFineTuning):
     """Members trained independently on disjoint shards of each experience from the same ``w0``, then combined.
 
-    Subclasses define a member (:meth:`_train_member` returns its state: a ``Δ`` or tail weights) and how members
-    are combined for prediction (:meth:`_refresh`, :meth:`_predict_tokens`). Shard bookkeeping, state saving and
-    forgetting are shared.
+    Subclasses define a member (``train_member``: a :mod:`clbench.tangent.members` trainer, :meth:`_member_w0`: the
+    model it starts from) and how members are combined for prediction (:meth:`_refresh`, :meth:`_predict_tokens`).
+    Shard bookkeeping, state saving and forgetting are shared. Members are trained on the run's task pool
+    (:func:`clbench.tasks.current`), each from its own job, and added in shard-key order, so the composition is the
+    same whatever the pool.
     """
+
+    train_member: ClassVar[Callable[[MemberJob], dict[str, Tensor]]]
 
     def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
         super().__init__(info, device, config)
@@ -196,10 +204,13 @@ class ShardedFineTuning(PrefixFineTuning):
         self.offsets.append(self.n_samples)
         self.n_samples += len(y)
         inputs, y = self._inputs(x), y.to(self.device)
+        data = {}
         for local in split_shards(len(y), self.config.n_shards, seed=self.seed + 1_000_003 * (t + 1)):
             key, self.next_key = self.next_key, self.next_key + 1
             self.shards[key] = (t, local)
-            self._add_member(key, inputs, y, local)
+            data[key] = (inputs, y)
+        for key, state in self._train_members(data).items():
+            self._add(key, state)
         self._refresh()
 
     def extra_metrics(self) -> dict[str, float]:
@@ -221,23 +232,28 @@ class ShardedFineTuning(PrefixFineTuning):
         before = delta_hash(self._deployed_state())
         start = time.perf_counter()
         touched, dropped = [], 0
-        data: dict[int, tuple[Tensor, Tensor]] = {}
+        experience_data: dict[int, tuple[Tensor, Tensor]] = {}
+        retrain: dict[int, tuple[Tensor, Tensor]] = {}
         for key, (t, local) in sorted(self.shards.items()):
             hit = torch.isin(local + self.offsets[t], ids_t)
             if not hit.any():
                 continue
             touched.append(key)
-            self.composition.subtract([key])
             keep = local[~hit] if mode == "retrain" else local[:0]
             dropped += len(local) - len(keep)
             if len(keep):
-                if t not in data:
+                if t not in experience_data:
                     x, y = experience_tensors(experiences[t])
-                    data[t] = (self._inputs(x), y.to(self.device))
+                    experience_data[t] = (self._inputs(x), y.to(self.device))
                 self.shards[key] = (t, keep)
-                self._add_member(key, *data[t], keep)
+                retrain[key] = experience_data[t]
             else:
                 del self.shards[key]
+        retrained = self._train_members(retrain)
+        for key in touched:                          # S ← S − w_j Δ_j (+ w_j' Δ_j' when retrained), in key order
+            self.composition.subtract([key])
+            if key in retrained:
+                self._add(key, retrained[key])
         self._refresh()
         return RemovalRecord(mode, ids_t.tolist(), touched, dropped, len(self.composition.shards), before,
                              delta_hash(self._deployed_state()), time.perf_counter() - start)
@@ -270,14 +286,24 @@ class ShardedFineTuning(PrefixFineTuning):
         self._refresh()
 
     # ---------------------------------------------------------------------------------------------- internals
-    def _add_member(self, key: int, inputs: Tensor, targets: Tensor, local: Tensor) -> None:
-        """Train the member of shard ``key`` on ``inputs[local]`` and add it to the composition."""
-        index = local.to(self.device)
-        state = self._train_member(inputs[index], targets[index], self.seed + key)
-        weight = float(len(local)) if self.config.weighting == "samples" else 1.0
+    def _train_members(self, data: dict[int, tuple[Tensor, Tensor]]) -> dict[int, dict[str, Tensor]]:
+        """``{key: member state}`` in key order: one member per shard ``key`` of ``data`` (``data[key]``: its
+        experience's ``(inputs, targets)``, of which the shard holds rows ``self.shards[key][1]``), trained with
+        seed ``self.seed + key`` on the task pool."""
+        keys = sorted(data)
+        jobs = []
+        for key in keys:
+            (inputs, targets), index = data[key], self.shards[key][1].to(self.device)
+            jobs.append(MemberJob(self._member_w0(), inputs[index], targets[index], self.objective,
+                                  self.config.fit_settings, self.seed + key))
+        return dict(zip(keys, tasks.current().map(self.train_member, jobs)))
+
+    def _add(self, key: int, state: dict[str, Tensor]) -> None:
+        """``S ← S + w Δ`` for shard ``key`` (``w`` = 1, or its sample count with ``weighting: samples``)."""
+        weight = float(len(self.shards[key][1])) if self.config.weighting == "samples" else 1.0
         self.composition.add(key, state, weight)
 
-    def _train_member(self, inputs: Tensor, targets: Tensor, seed: int) -> dict[str, Tensor]:
+    def _member_w0(self) -> nn.Module:
         raise NotImplementedError
 
     def _refresh(self) -> None:
@@ -291,6 +317,8 @@ class _TangentMembers(ShardedFineTuning):
     """Members are tangent models ``Δ_i`` (fresh zeros each, trained with loss + λ‖Δ‖²); deployed: one tangent
     model with ``Δ = Σ w_i Δ_i / Σ w_i``."""
 
+    train_member = staticmethod(train_delta)
+
     def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
         super().__init__(info, device, config)
         self.objective = tangent_objective(config.loss, config.alpha, config.kappa, config.ridge)
@@ -298,15 +326,8 @@ class _TangentMembers(ShardedFineTuning):
     def _forward(self, model: nn.Module):
         return model.from_prefix if self.cached else model
 
-    def _train_member(self, inputs: Tensor, targets: Tensor, seed: int) -> dict[str, Tensor]:
-        member = self.tangent
-        with torch.no_grad():
-            for p in member.tangent_parameters():
-                p.zero_()
-        deltas = list(member.tangent_parameters())
-        fit(self._forward(member), deltas, inputs, targets,
-            lambda logits, y: self.objective(logits, y, deltas), self.config.fit_settings, seed)
-        return member.delta_state()
+    def _member_w0(self) -> nn.Module:
+        return self.tangent
 
     def _refresh(self) -> None:
         self.deployed = copy.deepcopy(self.tangent)
@@ -323,12 +344,10 @@ class _TailMembers(ShardedFineTuning):
     """Members are non-linear tails (last ``k`` blocks + norm + head) fine-tuned from ``w0``."""
 
     Config: ClassVar[type] = NonlinearConfig
+    train_member = staticmethod(train_tail)
 
-    def _train_member(self, inputs: Tensor, targets: Tensor, seed: int) -> dict[str, Tensor]:
-        tail = copy.deepcopy(self.tail0).train()
-        fit(self._tail_forward(tail), tail.parameters(), inputs, targets, self.objective,
-            self.config.fit_settings, seed)
-        return {k: v.detach().clone() for k, v in tail.state_dict().items()}
+    def _member_w0(self) -> nn.Module:
+        return self.tail0
 
 
 @STRATEGIES.register("taft_shards")
@@ -355,7 +374,7 @@ class ModelSoup(_TailMembers):
         return self.deployed.state_dict()
 
     def _predict_tokens(self, inputs: Tensor) -> Tensor:
-        return self._tail_forward(self.deployed)(inputs)
+        return self.deployed(inputs)
 
 
 @STRATEGIES.register("sisa")
@@ -384,7 +403,7 @@ class Sisa(_TailMembers):
     def _predict_tokens(self, inputs: Tensor) -> Tensor:
         weights = self.composition.weights
         total = sum(weights[k] for k in self.members)
-        return sum(weights[k] / total * self._tail_forward(m)(inputs) for k, m in self.members.items())
+        return sum(weights[k] / total * m(inputs) for k, m in self.members.items())
 
 
 @STRATEGIES.register("nlft")
@@ -402,10 +421,10 @@ class Nlft(PrefixFineTuning):
     def train(self, experience: Any) -> None:
         x, y = experience_tensors(experience)
         self.model.train()
-        fit(self._tail_forward(self.model), self.model.parameters(), self._inputs(x), y.to(self.device),
-            self.objective, self.config.fit_settings, self.seed + self.steps)
+        fit(self.model, self.model.parameters(), self._inputs(x), y.to(self.device), self.objective,
+            self.config.fit_settings, self.seed + self.steps)
         self.model.eval()
         self.steps += 1
 
     def _predict_tokens(self, inputs: Tensor) -> Tensor:
-        return self._tail_forward(self.model)(inputs)
+        return self.model(inputs)

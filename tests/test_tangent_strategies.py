@@ -1,11 +1,16 @@
-"""TAFT strategies on split_digits: protocol, exact forgetting by subtraction (float64), retraining, state I/O."""
+"""TAFT strategies on split_digits: protocol, exact forgetting by subtraction (float64), retraining, state I/O,
+members trained on any task pool with bit-identical results."""
+
+import sys
 
 import pytest
 import torch
 
+from clbench import tasks
 from clbench.config import build_config
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.tangent import average_deltas
+from tests._fakes import fake_ray
 
 TINY = {"model_args": {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}, "epochs": 1}
 
@@ -79,3 +84,52 @@ def test_forget_by_retraining_keeps_the_other_samples(name, scenario):
     assert record.shards_touched == [0] and record.samples_dropped == 5 and record.shards_left == 6
     assert not set(ids) & set(strategy.shard_ids()[0])
     assert all(all(torch.equal(strategy.composition.deltas[k][n], v[n]) for n in v) for k, v in untouched.items())
+
+
+SHARDED = ["taft_shards", "model_soup", "sisa"]
+
+
+def train_and_retrain(name, scenario):
+    """Train on both experiences, then retrain the shards of 8 ids from two experiences: ``(composition, record)``."""
+    strategy = build(name, scenario, n_shards=3)
+    experiences = list(scenario.train_stream)
+    for experience in experiences:
+        strategy.train(experience)
+    shard_ids = strategy.shard_ids()
+    record = strategy.forget(shard_ids[0][:5] + shard_ids[4][:3], mode="retrain", experiences=experiences)
+    return strategy.composition, record
+
+
+@pytest.fixture(scope="module")
+def sequential(scenario):
+    return {name: train_and_retrain(name, scenario) for name in SHARDED}
+
+
+def assert_identical(got, expected):
+    (composition, record), (composition0, record0) = got, expected
+    assert composition.shards == composition0.shards and composition.weights == composition0.weights
+    for key, state in composition0.deltas.items():
+        assert all(torch.equal(composition.deltas[key][n], v) for n, v in state.items())
+    assert all(torch.equal(composition.total[n], v) for n, v in composition0.total.items())
+    assert (record.shards_touched, record.hash_after) == (record0.shards_touched, record0.hash_after)
+
+
+def test_members_trained_in_worker_processes_are_bit_identical(scenario, sequential):
+    with tasks.using(tasks.ProcessPool(2)):
+        for name in SHARDED:
+            assert_identical(train_and_retrain(name, scenario), sequential[name])
+
+
+def test_members_trained_as_ray_tasks_are_bit_identical(scenario, sequential, monkeypatch):
+    calls = {}
+    monkeypatch.setitem(sys.modules, "ray", fake_ray(calls))
+    with tasks.using(tasks.make_pool("ray", 2)):
+        for name in SHARDED:
+            assert_identical(train_and_retrain(name, scenario), sequential[name])
+    # per strategy: 3 members for each of 2 experiences, then the 2 touched shards retrained
+    assert calls["tasks"] == ["train_delta"] * 8 + ["train_tail"] * 16
+
+
+def test_non_linear_members_have_no_tangent_cls_token():
+    with pytest.raises(ValueError, match="tangent models only"):
+        build_config("sisa", None, {"linearize_cls": True})

@@ -10,6 +10,7 @@
     # remove samples from a finished taft_shards / model_soup / sisa run (its state was saved by the runner)
     python run_bench.py forget --run results/unlearning/runs/<run_id>.json --ids ids.txt --mode subtract
     python run_bench.py forget --run ... --touch 1 5 half --mode subtract retrain   # ids drawn from k shards
+    python run_bench.py forget --run ... --touch half --mode retrain --shard-workers 2   # retrain shards in parallel
 
 ``forget`` writes one removal record per request to ``<suite out>/removals/<run_id>__<mode>__<tag>.json`` (shards
 touched, sample ids, weight hashes before/after, seconds, accuracy before/after) and appends a row to
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from clbench import tasks
 from clbench.cli import Command
 from clbench.config import RunSpec
 from clbench.models.checkpoint import save_weights
@@ -103,6 +105,8 @@ def _add_forget_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-shard", type=int, default=10, help="with --touch: ids drawn from each touched shard")
     p.add_argument("--mode", nargs="+", default=["subtract"], choices=["subtract", "retrain"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--shard-workers", type=int, default=1,
+                   help="retrain up to N touched shards at once in spawned processes (same result as 1)")
 
 
 def _touch_requests(strategy, values: list[str], per_shard: int, seed: int) -> dict[str, list[int]]:
@@ -147,22 +151,23 @@ def forget(args: argparse.Namespace) -> int:
         requests = _touch_requests(probe, args.touch, args.per_shard, spec.seed)
     out = Path(args.run).parent.parent
     before = _overall(record.accuracy_matrix[-1], record.test_sizes)
-    for tag, ids in requests.items():
-        for mode in args.mode:
-            seed_everything(spec.seed)
-            strategy = build_strategy(spec, scenario.info, device)
-            strategy.load_state(record.state_dir)
-            removal = strategy.forget(ids, mode, experiences)
-            accuracies, sizes = evaluate(strategy, scenario, last, device)
-            row = {"run_id": record.run_id, "strategy": spec.strategy.key, "request": tag, **removal.to_dict(),
-                   "accuracy_before": before, "accuracy_after": _overall(accuracies, sizes)}
-            path = out / "removals" / f"{record.run_id}__{mode}__{tag}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(row, indent=1))
-            _append_markdown(out / "removals.md", row)
-            print(f"{record.run_id} {tag} {mode}: shards touched {len(removal.shards_touched)}, dropped "
-                  f"{removal.samples_dropped} samples, accuracy {before:.2f} -> {row['accuracy_after']:.2f} "
-                  f"({removal.seconds:.3f} s) -> {path}")
+    with tasks.using(tasks.make_pool("process", args.shard_workers)):
+        for tag, ids in requests.items():
+            for mode in args.mode:
+                seed_everything(spec.seed)
+                strategy = build_strategy(spec, scenario.info, device)
+                strategy.load_state(record.state_dir)
+                removal = strategy.forget(ids, mode, experiences)
+                accuracies, sizes = evaluate(strategy, scenario, last, device)
+                row = {"run_id": record.run_id, "strategy": spec.strategy.key, "request": tag, **removal.to_dict(),
+                       "accuracy_before": before, "accuracy_after": _overall(accuracies, sizes)}
+                path = out / "removals" / f"{record.run_id}__{mode}__{tag}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(row, indent=1))
+                _append_markdown(out / "removals.md", row)
+                print(f"{record.run_id} {tag} {mode}: shards touched {len(removal.shards_touched)}, dropped "
+                      f"{removal.samples_dropped} samples, accuracy {before:.2f} -> {row['accuracy_after']:.2f} "
+                      f"({removal.seconds:.3f} s) -> {path}")
     return 0
 
 

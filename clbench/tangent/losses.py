@@ -11,6 +11,7 @@ the alternative (used for differentially private runs).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 from torch import Tensor
@@ -40,13 +41,21 @@ def ridge(params: Iterable[Tensor]) -> Tensor:
     return sum(p.pow(2).sum() for p in params)
 
 
-def tangent_objective(name: str, alpha: float, kappa: float, ridge_lambda: float
-                      ) -> Callable[..., Tensor]:
-    """``(logits, target, Δs=()) -> loss(logits, target) + λ ‖Δ‖²`` for the loss registered as ``name``."""
-    loss = LOSSES.get(name)
+@dataclass(frozen=True)
+class TangentObjective:
+    """``(logits, target, Δs=()) -> loss(logits, target) + λ ‖Δ‖²``. Picklable (``loss`` is a module-level
+    function), so it travels with a training job to another process without a registry lookup there."""
 
-    def objective(logits: Tensor, target: Tensor, deltas: Iterable[Tensor] = ()) -> Tensor:
-        value = loss(logits, target, alpha=alpha, kappa=kappa)
-        return value + ridge_lambda * ridge(deltas) if ridge_lambda else value
+    loss: Callable[..., Tensor]
+    alpha: float
+    kappa: float
+    ridge_lambda: float
 
-    return objective
+    def __call__(self, logits: Tensor, target: Tensor, deltas: Iterable[Tensor] = ()) -> Tensor:
+        value = self.loss(logits, target, alpha=self.alpha, kappa=self.kappa)
+        return value + self.ridge_lambda * ridge(deltas) if self.ridge_lambda else value
+
+
+def tangent_objective(name: str, alpha: float, kappa: float, ridge_lambda: float) -> TangentObjective:
+    """``loss + λ ‖Δ‖²`` for the loss registered as ``name``."""
+    return TangentObjective(LOSSES.get(name), alpha, kappa, ridge_lambda)

@@ -1,0 +1,132 @@
+"""Task pools: independent work items inside one run (the shard members of a sharded strategy), run in parallel.
+
+A pool has one method, ``map(fn, items) -> [fn(item) for item in items]`` in item order. ``fn`` is a module-level
+function and every item carries all that ``fn`` needs, so that both can be pickled to another process or machine::
+
+    states = tasks.current().map(train_member, jobs)       # inside a run: the pool its executor installed
+
+- ``sequential`` (the default): this process, one item after the other, no copies;
+- ``process``: ``workers`` spawned processes on this machine, torch threads split between them;
+- ``ray``: Ray tasks, at most ``workers`` in flight; inside a Ray task too (nested tasks: Ray releases the caller's
+  CPU while it waits in ``ray.get``).
+
+Executors install a pool around the runs they execute (:func:`using`), chosen by :func:`make_pool` from their kind
+and ``--shard-workers``. The pool is an execution setting, not part of a run's identity: when ``fn`` depends on its
+item only (its randomness drawn from a seed in the item), every pool returns the same results bit for bit, given
+the same torch threads per item.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import multiprocessing
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Protocol
+
+import torch
+
+from clbench.registry import Registry
+
+
+class TaskPool(Protocol):
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]: ...
+
+    def close(self) -> None: ...
+
+
+TASK_POOLS: Registry = Registry("task pool")
+
+
+@TASK_POOLS.register("sequential")
+class SequentialPool:
+    """``fn`` on each item in this process, one after the other."""
+
+    def __init__(self, workers: int = 1) -> None:
+        pass
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        return [fn(item) for item in items]
+
+    def close(self) -> None:
+        pass
+
+
+def _set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+@TASK_POOLS.register("process")
+class ProcessPool:
+    """``workers`` processes started with ``spawn`` (safe with CUDA and threads) on the first :meth:`map` and kept
+    until :meth:`close`; each runs ``threads`` torch threads (default: this process's threads // workers, >= 1)."""
+
+    def __init__(self, workers: int, threads: int | None = None) -> None:
+        self.workers = workers
+        self.threads = threads or max(1, torch.get_num_threads() // workers)
+        self._executor: ProcessPoolExecutor | None = None
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_set_threads, initargs=(self.threads,))
+        return list(self._executor.map(fn, items))
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+
+@TASK_POOLS.register("ray")
+class RayPool:
+    """Each item a Ray task (``num_cpus``/``num_gpus`` each), at most ``workers`` in flight. Joins the running Ray
+    instance (the cluster a Ray worker belongs to), or starts a local one."""
+
+    def __init__(self, workers: int, num_cpus: float = 1, num_gpus: float = 0) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise RuntimeError("the ray task pool needs Ray: pip install 'clbench[ray]'.") from exc
+        self.ray, self.workers, self.resources = ray, workers, {"num_cpus": num_cpus, "num_gpus": num_gpus}
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False)
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        remote = self.ray.remote(**self.resources)(fn)
+        refs: list = []
+        for item in items:
+            if len(refs) >= self.workers:       # wait until fewer than `workers` are unfinished
+                self.ray.wait(refs, num_returns=len(refs) - self.workers + 1)
+            refs.append(remote.remote(item))
+        return self.ray.get(refs)
+
+    def close(self) -> None:
+        pass
+
+
+def make_pool(kind: str, workers: int) -> TaskPool:
+    """The ``kind`` pool (a :data:`TASK_POOLS` name) with ``workers`` workers; sequential for one worker."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    return TASK_POOLS.get("sequential" if workers == 1 else kind)(workers)
+
+
+_CURRENT: contextvars.ContextVar[TaskPool | None] = contextvars.ContextVar("task_pool", default=None)
+
+
+def current() -> TaskPool:
+    """The pool installed by the enclosing :func:`using` (sequential outside any)."""
+    return _CURRENT.get() or SequentialPool()
+
+
+@contextlib.contextmanager
+def using(pool: TaskPool) -> Iterator[TaskPool]:
+    """Install ``pool`` as :func:`current` for the block and close it when the block ends."""
+    token = _CURRENT.set(pool)
+    try:
+        yield pool
+    finally:
+        _CURRENT.reset(token)
+        pool.close()
