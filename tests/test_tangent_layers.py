@@ -1,4 +1,5 @@
-"""Each closed-form tangent layer against torch.func.jvp, in float64: (y, ẏ) = (f(x; w0), ∂f/∂x ẋ + ∂f/∂w Δ)."""
+"""Each closed-form tangent layer against torch.func.jvp, in float64: (y, ẏ) = (f(x; w0), ∂f/∂x ẋ + ∂f/∂w Δ); and its
+gradients in (ẋ, Δ), through the fused kernels, against finite differences."""
 
 import pytest
 import torch
@@ -117,3 +118,44 @@ def test_frozen_layer_propagates_tangent_only():
     x = torch.randn(B, N, D)
     y, yd = frozen(x, None)
     assert yd is None and rel_err(y, block(x)) < 1e-12
+
+
+def check_gradients(tangent: nn.Module, shape=(2, 5, 8), with_xd=True):
+    """``Δ`` trains through the fused kernels: autograd's gradients of ``ẏ`` in ``(ẋ, Δ)`` equal finite differences
+    (``torch.autograd.gradcheck``; ``ẏ`` is linear in both, so the differences are exact up to rounding)."""
+    torch.manual_seed(2)
+    x = torch.randn(*shape)
+    names = [n for n, _ in tangent.named_parameters()]
+    inputs = ([torch.randn(*shape)] if with_xd else []) + [0.3 * torch.randn_like(p) for p in tangent.parameters()]
+    inputs = [t.requires_grad_() for t in inputs]
+
+    def tangent_output(*args):
+        delta = dict(zip(names, args[len(args) - len(names):]))
+        return functional_call(tangent, delta, (x, args[0] if with_xd else None))[1]
+
+    assert torch.autograd.gradcheck(tangent_output, inputs)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: TangentLinear(nn.Linear(8, 12)),
+    lambda: TangentGELU(nn.GELU()),
+    lambda: TangentLayerNorm(randomize(nn.LayerNorm(8))),
+    lambda: TangentAttention(randomize(Attention(8, num_heads=2, qkv_bias=True), 0.2)),
+    lambda: TangentBlock(randomize(Block(8, num_heads=2, mlp_ratio=2.0, init_values=0.5), 0.2)),
+], ids=["linear", "gelu", "layernorm", "attention", "block"])
+def test_gradients_in_tangent_and_delta(make):
+    torch.manual_seed(0)
+    check_gradients(make())
+
+
+def test_gradients_without_input_tangent():
+    torch.manual_seed(0)
+    check_gradients(TangentLayerNorm(randomize(nn.LayerNorm(8))), with_xd=False)
+    check_gradients(TangentBlock(randomize(Block(8, num_heads=2, mlp_ratio=2.0), 0.2)), with_xd=False)
+
+
+def test_layernorm_point_is_a_constant():
+    """The fused LayerNorm Jacobian is differentiable in ẋ only; the primal x never depends on Δ."""
+    norm = TangentLayerNorm(nn.LayerNorm(D))
+    with pytest.raises(ValueError):
+        norm(torch.randn(B, N, D, requires_grad=True), torch.randn(B, N, D))

@@ -13,12 +13,17 @@ propagates ``ẋ``; used for frozen blocks in front of a tangent CLS token).
 ``ẋ = None`` stands for an exactly-zero tangent and is never materialized: a layer without ``Δ`` and with ``ẋ = None``
 returns ``ẏ = None`` and costs one ordinary forward (through the fused kernels: ``F.layer_norm``, ``F.gelu``,
 ``F.scaled_dot_product_attention``). Dropout and DropPath act as identity (the tangent model is a
-deterministic function of ``(x, Δ)``). Shapes: tokens ``(B, N, D)``; attention ``(B, H, N, N)``.
+deterministic function of ``(x, Δ)``). Shapes: tokens ``(B, N, D)``; attention scores ``(B, N, N)`` per head.
+
+Speed: a linear layer with both ``Δ`` and ``ẋ`` costs three GEMMs (``W0x``, ``ΔWx``, ``W0ẋ``), the floor of this
+formulation, and tangent attention six batched products per head instead of two; everything else is kept to few
+passes over memory. ``ẏ`` of a linear layer is accumulated by the GEMM itself (``addmm_``); GELU and LayerNorm have
+symmetric Jacobians (``J ẋ = Jᵀ ẋ``), so their ``ẏ`` is their fused backward kernel applied to ``ẋ``; attention
+runs on strided per-head views without copies. All of it is differentiable in ``(ẋ, Δ)``, so ``Δ`` trains through
+it; the primal ``x`` is a constant for autograd (it never depends on ``Δ``).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -59,18 +64,21 @@ class TangentLinear(nn.Module):
 
     def forward(self, x: Tensor, xd: Tensor | None) -> Pair:
         y = F.linear(x, self.weight0, self.bias0)
-        yd = F.linear(x, self.weight, self.bias) if self.weight is not None else None
-        if xd is not None:
-            yd = add_tangents(yd, F.linear(xd, self.weight0))
-        return y, yd
+        if self.weight is None:
+            return y, None if xd is None else F.linear(xd, self.weight0)
+        yd = F.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)  # (M, D_out), M = all leading dims
+        if xd is not None:  # ẏ += ẋ W0ᵀ inside the GEMM (β = 1): no separate pass adds the two terms
+            yd.addmm_(xd.reshape(-1, xd.shape[-1]), self.weight0.t())
+        return y, yd.view(y.shape)
 
 
 class TangentGELU(nn.Module):
     """Linearized exact (erf) GELU ``y = x Φ(x)``:  ``ẏ = ẋ ⊙ (Φ(x) + x φ(x))`` with ``Φ`` the standard normal CDF
-    ``Φ(x) = (1 + erf(x/√2))/2`` and ``φ(x) = exp(-x²/2)/√(2π)`` its density. Shapes are preserved."""
+    ``Φ(x) = (1 + erf(x/√2))/2`` and ``φ(x) = exp(-x²/2)/√(2π)`` its density. Shapes are preserved.
 
-    _INV_SQRT2 = 1.0 / math.sqrt(2.0)
-    _INV_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
+    The Jacobian is diagonal, hence symmetric, so ``ẏ`` is GELU's backward kernel applied to ``ẋ``:
+    ``aten.gelu_backward(ẋ, x)`` computes exactly this product in one fused pass.
+    """
 
     def __init__(self, act: nn.Module) -> None:
         super().__init__()
@@ -78,11 +86,33 @@ class TangentGELU(nn.Module):
             raise ValueError(f"TangentGELU linearizes the exact (erf) nn.GELU, got {act!r}.")
 
     def forward(self, x: Tensor, xd: Tensor | None) -> Pair:
-        if xd is None:
-            return F.gelu(x), None
-        cdf = 0.5 * (1.0 + torch.erf(x * self._INV_SQRT2))
-        pdf = torch.exp(-0.5 * x * x) * self._INV_SQRT2PI
-        return x * cdf, xd * (cdf + x * pdf)
+        return F.gelu(x), None if xd is None else torch.ops.aten.gelu_backward(xd, x)
+
+
+class _LayerNormJacobian(torch.autograd.Function):
+    """``ẋ -> J ẋ`` for an affine-free LayerNorm over the last dimension at the point ``x`` (``mean``, ``rstd`` from
+    its forward); ``J = (I − 11ᵀ/D − x̂x̂ᵀ/D)/σ`` is symmetric, so the backward is the same kernel: ``g -> J g``.
+
+    The point ``x`` is a constant for autograd: in a tangent model the primal never depends on ``Δ``.
+    """
+
+    @staticmethod
+    def forward(ctx, xd: Tensor, x: Tensor, mean: Tensor, rstd: Tensor) -> Tensor:
+        if x.requires_grad:
+            raise ValueError("the LayerNorm Jacobian-vector product is differentiable in ẋ only, not in the point x")
+        ctx.save_for_backward(x, mean, rstd)
+        return _layer_norm_jacobian(xd, x, mean, rstd)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        return _layer_norm_jacobian(grad, *ctx.saved_tensors), None, None, None
+
+
+def _layer_norm_jacobian(v: Tensor, x: Tensor, mean: Tensor, rstd: Tensor) -> Tensor:
+    """``J v = (v − mean(v) − x̂ ⊙ mean(x̂ ⊙ v)) / σ``, LayerNorm's backward kernel (no affine) with ``v`` as the
+    incoming gradient."""
+    return torch.ops.aten.native_layer_norm_backward(v, x, x.shape[-1:], mean, rstd, None, None,
+                                                     [True, False, False])[0]
 
 
 class TangentLayerNorm(nn.Module):
@@ -93,7 +123,9 @@ class TangentLayerNorm(nn.Module):
 
         dx̂ = (ẋ − mean(ẋ) − x̂ ⊙ mean(x̂ ⊙ ẋ)) / σ            ẏ = γ0 ⊙ dx̂ + Δγ ⊙ x̂ + Δβ
 
-    with ``mean`` over ``D``; ``Δγ, Δβ: (D,)`` are the parameters ``weight`` / ``bias``.
+    with ``mean`` over ``D``; ``Δγ, Δβ: (D,)`` are the parameters ``weight`` / ``bias``. Both terms are fused kernels:
+    ``Δγ ⊙ x̂ + Δβ`` is a LayerNorm of ``x`` with affine ``(Δγ, Δβ)``, and ``dx̂ = J ẋ`` with the symmetric
+    Jacobian ``J = (I − 11ᵀ/D − x̂x̂ᵀ/D)/σ`` is LayerNorm's (affine-free) backward kernel applied to ``ẋ``.
     """
 
     def __init__(self, norm: nn.LayerNorm, delta: bool = True) -> None:
@@ -107,23 +139,16 @@ class TangentLayerNorm(nn.Module):
         self.bias = _delta_like(norm.bias, delta)
 
     def forward(self, x: Tensor, xd: Tensor | None) -> Pair:
-        if xd is None and self.weight is None and self.bias is None:
-            return F.layer_norm(x, x.shape[-1:], self.weight0, self.bias0, self.eps), None
-        mu = x.mean(-1, keepdim=True)
-        centered = x - mu
-        inv_sigma = torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + self.eps)
-        xhat = centered * inv_sigma
-        y = xhat if self.weight0 is None else xhat * self.weight0
-        y = y if self.bias0 is None else y + self.bias0
-        yd = None
-        if xd is not None:
-            dxhat = (xd - xd.mean(-1, keepdim=True) - xhat * (xhat * xd).mean(-1, keepdim=True)) * inv_sigma
-            yd = dxhat if self.weight0 is None else dxhat * self.weight0
-        if self.weight is not None:
-            yd = add_tangents(yd, xhat * self.weight)
-        if self.bias is not None:
-            yd = add_tangents(yd, self.bias.expand_as(y))
-        return y, yd
+        shape = x.shape[-1:]
+        # Δγ ⊙ x̂ + Δβ (a LayerNorm without Δ has neither: Δβ exists only beside Δγ)
+        yd = None if self.weight is None else F.layer_norm(x, shape, self.weight, self.bias, self.eps)
+        if xd is None:
+            return F.layer_norm(x, shape, self.weight0, self.bias0, self.eps), yd
+        y, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, self.weight0, self.bias0, self.eps)
+        dxhat = _LayerNormJacobian.apply(xd, x, mean, rstd)
+        if self.weight0 is None:
+            return y, add_tangents(yd, dxhat)
+        return y, dxhat * self.weight0 if yd is None else torch.addcmul(yd, dxhat, self.weight0)
 
 
 class TangentLayerScale(nn.Module):
@@ -151,14 +176,16 @@ class TangentIdentity(nn.Module):
 class TangentAttention(nn.Module):
     """Linearized multi-head softmax self-attention (timm ``Attention`` without qk-norm or gating).
 
-    With ``[Q, K, V] = qkv(x)`` split into ``H`` heads of width ``d`` (``Q, K, V: (B, H, N, d)``)::
+    With ``[Q, K, V] = qkv(x)`` split into ``H`` heads of width ``d`` (per head ``Q, K, V: (B, N, d)``)::
 
-        S = Q Kᵀ/√d                      Ṡ = (Q̇ Kᵀ + Q K̇ᵀ)/√d                       (B, H, N, N)
-        A = softmax(S)  (rows)           Ȧ = A ⊙ Ṡ − A ⊙ rowsum(A ⊙ Ṡ)               (B, H, N, N)
-        O = A V                          Ȯ = Ȧ V + A V̇                               (B, H, N, d)
+        S = Q Kᵀ/√d                      Ṡ = (Q̇ Kᵀ + Q K̇ᵀ)/√d                       (B, N, N)
+        A = softmax(S)  (rows)           Ȧ = A ⊙ Ṡ − A ⊙ rowsum(A ⊙ Ṡ)               (B, N, N)
+        O = A V                          Ȯ = Ȧ V + A V̇                               (B, N, d)
         y = proj(concat_h O)             ẏ from the tangent ``proj``                  (B, N, D)
 
-    ``Ȧ`` is the softmax Jacobian applied row by row in O(N²) per head (never the N²×N² Jacobian).
+    ``Ȧ`` is the softmax Jacobian applied row by row in O(N²) per head (never the N²×N² Jacobian), and ``Ȧ V`` is
+    computed as ``(A⊙Ṡ)V − rowsum(A⊙Ṡ) ⊙ O`` (one N×N product fewer). Each head reads ``Q, K, V`` as strided views of
+    the ``qkv`` output, so no head-major copies are made; the six batched products per head accumulate in place.
     """
 
     def __init__(self, attn: nn.Module, delta: bool = True) -> None:
@@ -172,25 +199,30 @@ class TangentAttention(nn.Module):
         self.qkv = TangentLinear(attn.qkv, delta)
         self.proj = TangentLinear(attn.proj, delta)
 
-    def _heads(self, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _split(self, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(B, N, 3D) -> Q, K, V: (B, N, H, d)`` views."""
         b, n, _ = t.shape
-        return t.reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return t.view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
+
+    def _head(self, q: Tensor, k: Tensor, v: Tensor, q_d: Tensor, k_d: Tensor, v_d: Tensor) -> Pair:
+        """One head, inputs ``(B, N, d)``: ``(O, Ȯ)``. With ``s = 1/√d`` and ``a_s = A ⊙ (Q̇Kᵀ + QK̇ᵀ) = A⊙Ṡ/s``,
+        ``Ȯ = AV̇ + s·(a_s V − rowsum(a_s) ⊙ O)``."""
+        attn = torch.softmax(torch.bmm(q, k.transpose(1, 2)).mul_(self.scale), dim=-1)
+        a_s = torch.bmm(q_d, k.transpose(1, 2)).baddbmm_(q, k_d.transpose(1, 2)).mul_(attn)
+        out = torch.bmm(attn, v)
+        out_d = torch.bmm(attn, v_d).baddbmm_(a_s, v, alpha=self.scale)
+        return out, out_d.addcmul_(a_s.sum(-1, keepdim=True), out, value=-self.scale)
 
     def forward(self, x: Tensor, xd: Tensor | None) -> Pair:
         b, n, _ = x.shape
         qkv, qkv_d = self.qkv(x, xd)
-        q, k, v = self._heads(qkv)
         if qkv_d is None:  # no tangent: plain (fused) attention
+            q, k, v = (t.transpose(1, 2) for t in self._split(qkv))
             out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
             return self.proj(out.transpose(1, 2).reshape(b, n, -1), None)
-        attn = torch.softmax((q * self.scale) @ k.transpose(-2, -1), dim=-1)
-        out = attn @ v
-        q_d, k_d, v_d = self._heads(qkv_d)
-        s_d = (q_d @ k.transpose(-2, -1) + q @ k_d.transpose(-2, -1)) * self.scale
-        a_s = attn * s_d
-        # Ȧ V = (A⊙Ṡ) V − rowsum(A⊙Ṡ) ⊙ (A V): the same Ȧ = A⊙Ṡ − A⊙rowsum(A⊙Ṡ), one N×N product fewer.
-        out_d = a_s @ v - a_s.sum(-1, keepdim=True) * out + attn @ v_d
-        return self.proj(out.transpose(1, 2).reshape(b, n, -1), out_d.transpose(1, 2).reshape(b, n, -1))
+        primal, tangent = self._split(qkv), self._split(qkv_d)
+        heads = [self._head(*(t[:, :, h] for t in primal + tangent)) for h in range(self.num_heads)]
+        return self.proj(torch.cat([o for o, _ in heads], -1), torch.cat([o_d for _, o_d in heads], -1))
 
 
 class TangentMlp(nn.Module):
