@@ -18,6 +18,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -33,13 +34,43 @@ def seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def ratio(numerator: Callable[[], object], denominator: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """Median over ``repeats`` of ``t(numerator) / t(denominator)``, the two timed back to back in each repeat so
-    that load changes on a shared machine hit both sides of a ratio alike."""
+@dataclass(frozen=True)
+class Ratio:
+    """``t(numerator) / t(denominator)`` over ``repeats`` pairs timed back to back (the order alternating), so that
+    load changes on a shared machine hit both sides of a pair alike.
+
+    ``median``: median of the per-pair ratios (the number compared with a target); ``of_minima``: fastest numerator
+    over fastest denominator (each side's least-disturbed run); ``low``/``high``: the range of the per-pair ratios.
+    """
+
+    median: float
+    of_minima: float
+    low: float
+    high: float
+    repeats: int
+
+    def __str__(self) -> str:
+        if self.repeats == 1:
+            return f"{self.median:.2f} (1 pair)"
+        return (f"{self.median:.2f} (min/min {self.of_minima:.2f}, pairs {self.low:.2f}-{self.high:.2f}, "
+                f"n={self.repeats})")
+
+
+def ratio(numerator: Callable[[], object], denominator: Callable[[], object], repeats: int,
+          warmup: int = 1) -> Ratio:
     for _ in range(warmup):
         numerator()
         denominator()
-    return statistics.median(seconds(numerator) / seconds(denominator) for _ in range(repeats))
+    pairs = []
+    for i in range(repeats):
+        if i % 2:
+            den = seconds(denominator)
+            pairs.append((seconds(numerator), den))
+        else:
+            pairs.append((seconds(numerator), seconds(denominator)))
+    per_pair = [n / d for n, d in pairs]
+    return Ratio(statistics.median(per_pair), min(n for n, _ in pairs) / min(d for _, d in pairs),
+                 min(per_pair), max(per_pair), repeats)
 
 
 def main() -> None:
@@ -50,8 +81,10 @@ def main() -> None:
     parser.add_argument("--img", type=int, default=32)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--samples", type=int, default=512, help="training-set size for ratios 4 and 5")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15, help="timed pairs for the forward ratios 1-3")
+    parser.add_argument("--epoch-repeats", type=int, default=5, help="timed pairs of training epochs (ratio 4)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="ratios to measure")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -60,13 +93,14 @@ def main() -> None:
     x = torch.randn(args.batch, 3, args.img, args.img)
     r = args.repeats
     print(f"ViT dim {args.dim}, depth {args.depth}, {args.heads} heads, {args.img}px patch 4, batch {args.batch}, "
-          f"{args.threads} thread(s), median of {r}; float32")
+          f"{args.threads} thread(s); float32. Each ratio: median of back-to-back pairs (min/min, range of pairs)")
 
-    with torch.no_grad():
-        last1 = linearize(vit, last_blocks=1).randomize_deltas(0.01)
+    last1 = linearize(vit, last_blocks=1).randomize_deltas(0.01)
+    if 1 in args.only:
         full = linearize(vit, last_blocks=args.depth).randomize_deltas(0.01)
-        print(f"1. linearized forward / plain forward: last 1 block {ratio(lambda: last1(x), lambda: vit(x), r):.2f}"
-              f"  [<= 1.5]   all {args.depth} blocks {ratio(lambda: full(x), lambda: vit(x), r):.2f}  [<= 3.0]")
+        with torch.no_grad():
+            print(f"1. linearized forward / plain forward, last 1 block: {ratio(lambda: last1(x), lambda: vit(x), r)}"
+                  f"  [<= 1.5]\n   all {args.depth} blocks: {ratio(lambda: full(x), lambda: vit(x), r)}  [<= 3.0]")
 
     reference = copy.deepcopy(vit)
     for block in reference.blocks:
@@ -83,14 +117,16 @@ def main() -> None:
         with torch.no_grad():
             return last1(x)
 
-    print(f"2. our forward / torch.func.jvp (last 1 block): {ratio(ours, with_jvp, r):.2f}  [< 1]")
+    if 2 in args.only:
+        print(f"2. our forward / torch.func.jvp (last 1 block): {ratio(ours, with_jvp, r)}  [< 1]")
 
-    members = [copy.deepcopy(last1).randomize_deltas(0.01, seed=s) for s in range(50)]
-    composed = compose(members)
-    with torch.no_grad():
-        print(f"3. composed inference N=50 / N=1: {ratio(lambda: composed(x), lambda: members[0](x), r):.2f}"
-              f"  [<= 1.05]   output ensembling N=50 / N=1: "
-              f"{ratio(lambda: sum(m(x) for m in members) / 50, lambda: members[0](x), 1, warmup=0):.1f}  [~50]")
+    if 3 in args.only:
+        members = [copy.deepcopy(last1).randomize_deltas(0.01, seed=s) for s in range(50)]
+        composed = compose(members)
+        with torch.no_grad():
+            print(f"3. composed inference N=50 / N=1: {ratio(lambda: composed(x), lambda: members[0](x), r)}"
+                  f"  [<= 1.05]\n   output ensembling N=50 / N=1: "
+                  f"{ratio(lambda: sum(m(x) for m in members) / 50, lambda: members[0](x), 1, warmup=0)}  [~50]")
 
     data = torch.randn(args.samples, 3, args.img, args.img)
     labels = torch.randint(0, 100, (args.samples,))
@@ -103,12 +139,15 @@ def main() -> None:
     def epoch(forward, inputs):
         return lambda: fit(forward, student.tangent_parameters(), inputs, labels, objective, settings, seed=0)
 
-    tokens = cache_prefix(student, data)
-    cached = ratio(epoch(student.from_prefix, tokens), epoch(student, data), 3, warmup=0)
-    build = ratio(lambda: cache_prefix(student, data), epoch(student, data), 1, warmup=0)
-    print(f"4. training epoch cached prefix / uncached (last 1 of {args.depth} blocks): {cached:.2f}"
-          f"  [<= 0.35]   (one-time cache build / uncached epoch: {build:.2f})")
+    if 4 in args.only:
+        tokens = cache_prefix(student, data)
+        cached = ratio(epoch(student.from_prefix, tokens), epoch(student, data), args.epoch_repeats)
+        build = ratio(lambda: cache_prefix(student, data), epoch(student, data), 1, warmup=0)
+        print(f"4. training epoch cached prefix / uncached (last 1 of {args.depth} blocks): {cached}  [<= 0.35]\n"
+              f"   one-time cache build / uncached epoch: {build}")
 
+    if 5 not in args.only:
+        return
     shards = split_shards(args.samples, 10, seed=0)
     composition = ShardComposition()
     for key, local in enumerate(shards):
