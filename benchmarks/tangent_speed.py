@@ -1,14 +1,24 @@
 """Speed ratios of the tangent transformer, all measured in one run on one machine (absolute seconds are not
 reported: on shared machines only ratios are comparable).
 
-    python benchmarks/tangent_speed.py [--dim 192 --depth 6 --heads 3 --batch 64 --threads 1]
+    python benchmarks/tangent_speed.py [--dim 192 --depth 6 --heads 3 --batch 64 --threads 1 --only 1 4]
 
-Prints, each as the median of back-to-back time ratios (targets from the issue in brackets):
+Prints, each as the median of back-to-back CPU-time ratios (see ``Ratio``; with ``--threads`` > 1 read the wall-clock
+ratios printed beside), with the range over pairs so that the noise is visible (targets from the issue in brackets):
   1. linearized forward / plain forward, last 1 block and all blocks linearized     [<= 1.5, <= 3.0]
   2. our closed-form forward / torch.func.jvp of the same f + J·Δ (last 1 block)     [< 1]
   3. composed model of N=50 tangent models / N=1, next to output ensembling of N=50  [<= 1.05, ~N]
   4. one training epoch with the cached prefix / uncached (last 1 of 6 blocks)       [<= 0.35]
   5. forgetting one of 10 shards by subtraction / retraining the rest from scratch   [<= 0.01]
+
+Floors of this formulation, counted in GEMM work (~80% of a plain block's time here). A tangent linear layer with
+``Δ`` and ``ẋ`` runs three GEMMs (``W0x``, ``ΔWx``, ``W0ẋ``) and tangent attention six batched products per head
+instead of two, so a linearized block costs ~3 plain blocks P: ratio 1 is ~(L−1+3)/L = 1.33 for the last block of
+L=6 and ~3 for all blocks (the target sits on the floor). Ratio 4: the cached epoch runs the tangent block's
+training step T, the uncached one also the L−1 frozen blocks (plain forwards, no graph). T ≈ 3P forward + 2P
+backward (per linear layer ``∂/∂ΔW = gᵀx`` and ``∂/∂ẋ = g W0``), so cached / uncached ≈ 5/(5 + L−1) = 0.5 at L=6;
+0.35 would need T ≤ 2.7P, below the tangent forward alone — it is reached from L≥11 (ViT-B, L=12: ~0.31 by this
+count).
 """
 
 from __future__ import annotations
@@ -27,33 +37,37 @@ from torch.func import functional_call, jvp
 from clbench.tangent import ShardComposition, cache_prefix, compose, linearize, rescaled_square_loss, split_shards
 from clbench.tangent.train import FitSettings, fit
 
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
 
-def seconds(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
+
+def seconds(fn: Callable[[], object]) -> dict[str, float]:
+    """CPU time of this process and wall-clock time of one call of ``fn``."""
+    start = {name: clock() for name, clock in CLOCKS.items()}
     fn()
-    return time.perf_counter() - start
+    return {name: clock() - start[name] for name, clock in CLOCKS.items()}
 
 
 @dataclass(frozen=True)
 class Ratio:
-    """``t(numerator) / t(denominator)`` over ``repeats`` pairs timed back to back (the order alternating), so that
-    load changes on a shared machine hit both sides of a pair alike.
+    """``t(numerator) / t(denominator)`` over pairs timed back to back (the order alternating), on both clocks.
 
-    ``median``: median of the per-pair ratios (the number compared with a target); ``of_minima``: fastest numerator
-    over fastest denominator (each side's least-disturbed run); ``low``/``high``: the range of the per-pair ratios.
+    The number compared with a target is the median over pairs of the CPU-time ratio: time this process spends
+    descheduled by other jobs on a shared machine does not count (with one thread, CPU time is the wall time of an
+    idle machine); contention for caches and memory bandwidth still does, which the spread over pairs shows. Also
+    printed: the CPU-time ratio of each side's fastest run (min/min) and the wall-clock ratios.
     """
 
-    median: float
-    of_minima: float
-    low: float
-    high: float
-    repeats: int
+    cpu: list[float]
+    wall: list[float]
+    cpu_of_minima: float
 
     def __str__(self) -> str:
-        if self.repeats == 1:
-            return f"{self.median:.2f} (1 pair)"
-        return (f"{self.median:.2f} (min/min {self.of_minima:.2f}, pairs {self.low:.2f}-{self.high:.2f}, "
-                f"n={self.repeats})")
+        cpu, wall = self.cpu, self.wall
+        if len(cpu) == 1:
+            return f"{cpu[0]:.2f} (wall {wall[0]:.2f}; 1 pair)"
+        return (f"{statistics.median(cpu):.2f} (CPU pairs {min(cpu):.2f}-{max(cpu):.2f}, min/min "
+                f"{self.cpu_of_minima:.2f}; wall {statistics.median(wall):.2f}, pairs {min(wall):.2f}-{max(wall):.2f};"
+                f" n={len(cpu)})")
 
 
 def ratio(numerator: Callable[[], object], denominator: Callable[[], object], repeats: int,
@@ -68,9 +82,9 @@ def ratio(numerator: Callable[[], object], denominator: Callable[[], object], re
             pairs.append((seconds(numerator), den))
         else:
             pairs.append((seconds(numerator), seconds(denominator)))
-    per_pair = [n / d for n, d in pairs]
-    return Ratio(statistics.median(per_pair), min(n for n, _ in pairs) / min(d for _, d in pairs),
-                 min(per_pair), max(per_pair), repeats)
+    per_pair = {clock: [n[clock] / d[clock] for n, d in pairs] for clock in CLOCKS}
+    return Ratio(per_pair["cpu"], per_pair["wall"],
+                 min(n["cpu"] for n, _ in pairs) / min(d["cpu"] for _, d in pairs))
 
 
 def main() -> None:
@@ -93,7 +107,7 @@ def main() -> None:
     x = torch.randn(args.batch, 3, args.img, args.img)
     r = args.repeats
     print(f"ViT dim {args.dim}, depth {args.depth}, {args.heads} heads, {args.img}px patch 4, batch {args.batch}, "
-          f"{args.threads} thread(s); float32. Each ratio: median of back-to-back pairs (min/min, range of pairs)")
+          f"{args.threads} thread(s); float32. Each ratio: median over back-to-back pairs of CPU-time ratios")
 
     last1 = linearize(vit, last_blocks=1).randomize_deltas(0.01)
     if 1 in args.only:
@@ -156,10 +170,10 @@ def main() -> None:
 
     def subtract():
         trial = copy.deepcopy(composition)
-        start = time.perf_counter()
+        start = time.process_time()
         trial.subtract([3])
         deployed.load_delta(trial.delta())
-        return time.perf_counter() - start
+        return time.process_time() - start
 
     def retrain():
         fresh = linearize(vit, last_blocks=1)
@@ -173,7 +187,7 @@ def main() -> None:
 
     subtract_s = statistics.median(subtract() for _ in range(r))
     print(f"5. forget 1 of 10 shards by subtraction / retraining the other 9 from scratch (1 epoch each): "
-          f"{subtract_s / seconds(retrain):.5f}  [<= 0.01]")
+          f"{subtract_s / seconds(retrain)['cpu']:.5f}  [<= 0.01]")
 
 
 if __name__ == "__main__":
