@@ -10,6 +10,7 @@ from clbench import tasks
 from clbench.config import build_config
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.tangent import average_deltas
+from clbench.tangent.train import FitSettings, fit
 from tests._fakes import fake_ray
 
 TINY = {"model_args": {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}, "epochs": 1}
@@ -133,3 +134,27 @@ def test_members_trained_as_ray_tasks_are_bit_identical(scenario, sequential, mo
 def test_non_linear_members_have_no_tangent_cls_token():
     with pytest.raises(ValueError, match="tangent models only"):
         build_config("sisa", None, {"linearize_cls": True})
+
+
+def test_step_schedule_follows_the_official_formula():
+    """lr_e = lr · decay^{|{m : m < e}|} (0-based epochs): milestone 25 decays epochs 26-29 of 30."""
+    settings = FitSettings(epochs=30, batch_size=32, lr=1e-3, lr_milestones=(25,), lr_decay=0.1)
+    assert [settings.lr_at(e) for e in (0, 25, 26, 29)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-4])
+    assert FitSettings(epochs=3, batch_size=8, lr=0.5).lr_at(2) == 0.5
+
+
+def test_fit_applies_the_schedule_per_epoch():
+    """Adam moves a parameter by exactly lr per step under a constant gradient: 2 steps at lr 1.0 (epoch 0), then 2
+    at 0.1 (epoch 1, after milestone 0) give w = 2.2."""
+    w = torch.nn.Parameter(torch.zeros(()))
+    settings = FitSettings(epochs=2, batch_size=2, lr=1.0, optimizer="adam", lr_milestones=(0,), lr_decay=0.1)
+    steps = fit(lambda x: x.sum(1) * w, [w], torch.ones(4, 1), torch.zeros(4), lambda out, y: -out.mean(),
+                settings, seed=0)
+    assert steps == 4 and float(w) == pytest.approx(2.2, rel=1e-6)
+
+
+def test_full_preset_carries_the_released_taft_setting():
+    config = build_config("taft", "full")
+    assert (config.epochs, config.batch_size, config.lr, config.lr_milestones, config.ridge) == (30, 32, 1e-3, (25,),
+                                                                                                  1e-5)
+    assert build_config("taft", "cpu", {"lr_milestones": [3]}).lr_milestones == (3,)

@@ -17,11 +17,19 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 
 @dataclass(frozen=True)
 class FitSettings:
+    """``epochs`` over minibatches of ``batch_size``; step schedule ``lr_e = lr · lr_decay^{|{m ∈ lr_milestones :
+    m < e}|}`` for 0-based epoch ``e`` (the official TAFT code's ``step`` schedule; no milestones: constant lr)."""
+
     epochs: int
     batch_size: int
     lr: float
     optimizer: str = "adam"
     weight_decay: float = 0.0
+    lr_milestones: tuple[int, ...] = ()
+    lr_decay: float = 0.1
+
+    def lr_at(self, epoch: int) -> float:
+        return self.lr * self.lr_decay ** sum(m < epoch for m in self.lr_milestones)
 
 
 def fit(forward: Callable[[Tensor], Tensor], params: Iterable[nn.Parameter], inputs: Tensor, targets: Tensor,
@@ -32,7 +40,9 @@ def fit(forward: Callable[[Tensor], Tensor], params: Iterable[nn.Parameter], inp
     optimizer = OPTIMIZERS[settings.optimizer](params, settings)
     generator = torch.Generator().manual_seed(seed)
     steps = 0
-    for _ in range(settings.epochs):
+    for epoch in range(settings.epochs):
+        for group in optimizer.param_groups:
+            group["lr"] = settings.lr_at(epoch)
         for batch in torch.randperm(len(targets), generator=generator).split(settings.batch_size):
             batch = batch.to(inputs.device)
             loss = objective(forward(inputs[batch]), targets[batch])
