@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 bench: $(STAMP)
-	$(PY) run_bench.py --suite quick
+	$(PY) run_bench.py --suite quick --threads 1
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -p no:cacheprovider tests

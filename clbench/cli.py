@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import yaml
 
 from clbench import progress
@@ -59,6 +60,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="train up to N shard members of a run at once (taft_shards, model_soup, sisa): N spawned "
                         "processes (local executor) or nested Ray tasks (ray); same results as 1 (default)")
     p.add_argument("--init", help="local checkpoint: sets the 'init' hyperparameter of every strategy that has one")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads for the runs of this process (default: torch's, one per core). "
+                        "Tiny models run faster on 1: DyTox micro trained 37.5 s with 1 thread vs 99.7 s with 2")
 
 
 def _with_init(suite, init: str | None):
@@ -77,6 +81,10 @@ def _run(args: argparse.Namespace) -> int:
     from clbench.executors import EXECUTORS
 
     suite = _with_init(load_suite(args.suite).select(args.scenario, args.strategy, args.seeds), args.init)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {args.threads}.")
+        torch.set_num_threads(args.threads)
     out = Path(args.out or Path("results") / suite.name)
     specs = suite.run_specs(device=args.device, amp=args.amp)
     executor = EXECUTORS.get(args.executor)(address=args.ray_address, shard_workers=args.shard_workers)

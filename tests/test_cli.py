@@ -60,3 +60,17 @@ def test_readme_lists_every_registered_scenario_and_strategy():
                if reg.get(n).__module__.startswith(("strategies.", "scenarios."))]   # not those tests register
     missing = [n for n in shipped if f"`{n}`" not in block]
     assert not missing, f"README lists lack {missing}: paste `python run_bench.py list --markdown` into README.md"
+
+
+def test_threads_flag_sets_torch_threads_and_rejects_zero(tiny_suite, tmp_path, capsys):
+    import torch
+    before = torch.get_num_threads()
+    suite = tiny_suite([{"name": "naive", "preset": "cpu", "args": {"epochs": 1}}], seeds=(0,))
+    try:
+        assert main(["--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet", "--quiet-table",
+                     "--device", "cpu", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+        assert main(["--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet", "--threads", "0"]) == 2
+        assert "--threads must be at least 1" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
