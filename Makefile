@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 -p no:cacheprovider tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check clbench strategies scenarios tests benchmarks run_bench.py
+	$(VENV)/bin/ruff check clbench tests benchmarks run_bench.py
 
 clean-venv:
 	rm -rf $(VENV)

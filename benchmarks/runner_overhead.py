@@ -22,7 +22,7 @@ import torch
 from avalanche.evaluation.metrics import accuracy_metrics
 from avalanche.training.plugins import EvaluationPlugin
 
-import strategies.baselines as baselines
+import clbench.strategies.baselines as baselines
 from clbench.config import RunSpec, ScenarioEntry, StrategyEntry, build_config
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import run, seed_everything

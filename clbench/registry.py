@@ -2,8 +2,8 @@
 
 Three registries are shared by the whole package::
 
-    STRATEGIES   continual-learning strategies   (strategies/*.py)
-    SCENARIOS    benchmark scenarios             (scenarios/*.py)
+    STRATEGIES   continual-learning strategies   (clbench/strategies/*.py)
+    SCENARIOS    benchmark scenarios             (clbench/scenarios/*.py)
     MODELS       backbones                       (clbench/models/*.py)
     COMMANDS     run_bench.py sub-commands        (clbench/cli.py and feature modules)
 
@@ -82,7 +82,7 @@ SCENARIOS: Registry = Registry("scenario")
 MODELS: Registry = Registry("model")
 COMMANDS: Registry = Registry("command")
 
-PLUGIN_PACKAGES = ("clbench.models", "scenarios", "strategies")
+PLUGIN_PACKAGES = ("clbench.models", "clbench.scenarios", "clbench.strategies")
 _loaded = False
 
 

@@ -14,7 +14,7 @@ import torch
 from avalanche.evaluation.metrics import accuracy_metrics
 from avalanche.training.plugins import EvaluationPlugin
 
-import strategies.baselines as baselines
+import clbench.strategies.baselines as baselines
 from clbench.config import build_config
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import evaluate, seed_everything

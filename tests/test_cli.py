@@ -57,7 +57,7 @@ def test_readme_lists_every_registered_scenario_and_strategy():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     block = readme.split("<!-- lists:start -->")[1].split("<!-- lists:end -->")[0]
     shipped = [n for reg in (SCENARIOS, STRATEGIES) for n in reg.names()
-               if reg.get(n).__module__.startswith(("strategies.", "scenarios."))]   # not those tests register
+               if reg.get(n).__module__.startswith(("clbench.strategies.", "clbench.scenarios."))]   # not test ones
     missing = [n for n in shipped if f"`{n}`" not in block]
     assert not missing, f"README lists lack {missing}: paste `python run_bench.py list --markdown` into README.md"
 

@@ -15,8 +15,7 @@ from clbench.models.dytox import ARCHS, DyToxArch, DyToxNet
 from clbench.models.gpsa import GPSA, relative_positions
 from clbench.protocol import ScenarioInfo
 from clbench.registry import SCENARIOS, STRATEGIES
-from clbench.streams import experience_dataset
-from strategies.dytox import (
+from clbench.strategies.dytox import (
     DyToxTemplate,
     divergence_targets,
     finetune_phase,
@@ -25,7 +24,8 @@ from strategies.dytox import (
     soft_targets,
     task_phase,
 )
-from strategies.dytox_memory import HerdingMemory, herding_order
+from clbench.strategies.dytox_memory import HerdingMemory, herding_order
+from clbench.streams import experience_dataset
 
 D = 16
 ARCH = DyToxArch(embed_dim=D, depth=2, num_heads=4, patch_size=2, drop_path=0.0)

@@ -9,8 +9,8 @@ from clbench.executors import LocalExecutor
 
 def test_readme_strategy_example_registers_and_runs(tmp_path):
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    code = re.search(r"```python\n# strategies/my_method.py\n(.*?)```", readme, re.S).group(1)
-    exec(compile(code, "strategies/my_method.py", "exec"), {"__name__": "my_method"})
+    code = re.search(r"```python\n# clbench/strategies/my_method.py\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "clbench/strategies/my_method.py", "exec"), {"__name__": "my_method"})
     suite = parse_suite({"suite": "readme", "scenarios": [{"name": "synthetic"}],
                          "strategies": [{"name": "my_method", "preset": "cpu", "args": {"mem_size": 20}}]})
     (record,) = LocalExecutor().run_all(suite.run_specs("cpu"), tmp_path)

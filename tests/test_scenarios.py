@@ -22,9 +22,16 @@ from clbench.data.orders import CIFAR100_ORDERS, IMAGENET100_ORDER1, resolve_cla
 from clbench.data.tensors import channel_stats, image_class_incremental, to_normalized
 from clbench.protocol import ScenarioInfo
 from clbench.registry import SCENARIOS
-from scenarios.cifar import CIFAR100_MEAN, CIFAR100_STD, split_cifar100
-from scenarios.imagenet import split_imagenet_subset
-from scenarios.mnist import FASHION_MNIST_STATS, JOINT_STATS, MNIST_STATS, mnist_fmnist, split_fmnist, split_mnist
+from clbench.scenarios.cifar import CIFAR100_MEAN, CIFAR100_STD, split_cifar100
+from clbench.scenarios.imagenet import split_imagenet_subset
+from clbench.scenarios.mnist import (
+    FASHION_MNIST_STATS,
+    JOINT_STATS,
+    MNIST_STATS,
+    mnist_fmnist,
+    split_fmnist,
+    split_mnist,
+)
 
 REAL = os.environ.get("CLBENCH_DATA")
 

@@ -16,7 +16,7 @@ Per task ``t`` (``|C_1:t|`` classes seen, ``|C_t|`` new), with the network of :m
    As in the official code, KL and BCE are averaged over all elements (``reduction="mean"``).
    AdamW, lr ``5e-4 · bs / 512``, weight decay 1e-6 (none on biases and norms), per-epoch schedule: linear
    warm-up from 1e-6 for 5 epochs, then cosine ``lr_min + ½(lr - lr_min)(1 + cos(π e / E))`` with lr_min 1e-5.
-3. Memory update: herding on ``[e_1, ..., e_t]`` under the global budget (:mod:`strategies.dytox_memory`).
+3. Memory update: herding on ``[e_1, ..., e_t]`` under the global budget (:mod:`clbench.strategies.dytox_memory`).
 4. For ``t > 0``: balanced fine-tuning on the memory, encoder frozen, constant lr ``5e-5 · bs / 512``, 20 epochs,
    BCE only (no teacher, no divergence head).
 
@@ -47,7 +47,7 @@ from torch.nn import functional as F
 from clbench.models.dytox import ARCHS, DyToxArch, DyToxNet, DyToxOutput, TaskClassifier
 from clbench.protocol import ParamCount, ScenarioInfo
 from clbench.registry import STRATEGIES
-from strategies.dytox_memory import HerdingMemory
+from clbench.strategies.dytox_memory import HerdingMemory
 
 
 # ------------------------------------------------------------------------------------------------------- config
