@@ -35,7 +35,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch.func import functional_call, jvp
 
 from clbench.tangent import ShardComposition, cache_prefix, compose, linearize, rescaled_square_loss, split_shards
-from clbench.tangent.train import FitSettings, fit
+from clbench.training import FitSettings, fit
 
 CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
 
@@ -151,7 +151,7 @@ def main() -> None:
         return rescaled_square_loss(logits, y)
 
     def epoch(forward, inputs):
-        return lambda: fit(forward, student.tangent_parameters(), inputs, labels, objective, settings, seed=0)
+        return lambda: fit(student, forward, student.tangent_parameters(), inputs, labels, objective, settings, seed=0)
 
     if 4 in args.only:
         tokens = cache_prefix(student, data)
@@ -182,7 +182,7 @@ def main() -> None:
         for k, local in enumerate(shards):
             if k != 3:
                 index = torch.searchsorted(kept, local)
-                fit(fresh.from_prefix, fresh.tangent_parameters(), inputs[index], labels[local], objective,
+                fit(fresh, fresh.from_prefix, fresh.tangent_parameters(), inputs[index], labels[local], objective,
                     settings, seed=k)
 
     subtract_s = statistics.median(subtract() for _ in range(r))

@@ -1,20 +1,55 @@
 """The contracts between the runner, scenarios and strategies.
 
-The runner never reaches inside a strategy: it only calls :class:`Strategy`'s three methods, and it only reads a
-scenario through :class:`Scenario` (an Avalanche benchmark plus its :class:`ScenarioInfo`).
+The runner never reaches inside a strategy: it only calls :class:`StrategyBase`'s methods, and it only reads a
+scenario through :class:`Scenario` (two streams of experiences, a :class:`ScenarioInfo` and the scenario's
+evaluator, which scores a strategy after each training step).
 
-Label convention (enforced by every scenario): class labels are renumbered by their position in the class order, so
-experience ``t`` holds the contiguous label range ``info.class_ranges[t]`` and after experience ``t`` the seen
-classes are ``0 .. info.n_seen(t) - 1``. A strategy's ``predict`` returns logits whose column ``c`` is class ``c``.
+Classification label convention (enforced by every classification scenario): class labels are renumbered by their
+position in the class order, so experience ``t`` holds the contiguous label range ``info.class_range(t)`` and after
+experience ``t`` the seen classes are ``0 .. info.n_seen(t) - 1``. A strategy's ``predict`` returns logits whose
+column ``c`` is class ``c``.
+
+The strategy contract (:class:`StrategyBase`), checked when a strategy registers (:func:`check_strategy`)::
+
+    @STRATEGIES.register("my_method")
+    class MyMethod(StrategyBase):
+        Config = MyConfig                          # a dataclass; defaults = the paper's values
+        PRESETS = {"cpu": {...}, "full": {}}       # named overrides of Config fields
+        offline = False                            # True: one train() call with the list of all experiences
+
+        def __init__(self, info, device, config):  # call super().__init__(info, device, config) first
+        def train(self, experience) -> None        # one experience (Avalanche experience for classification)
+        def predict(self, x, task_labels) -> Tensor          # (B, C) scores; column c = class (or item) c
+        def num_parameters(self) -> ParamCount
+        # optional, with defaults:
+        def modules(self) -> dict[str, nn.Module]  # what callbacks may hook (default: nn.Module attributes)
+        def extra_metrics(self) -> dict[str, float]   # extra leaderboard columns (default: none)
+        def save_state(self, directory) -> Path | None  # called after the last step (default: saves nothing)
+
+Training loops fire ``self.callbacks`` (:class:`~clbench.callbacks.CallbackList`, set up by the runner): a template
+strategy passes it to :func:`clbench.callbacks.bridge`, a non-template one to :func:`clbench.training.fit`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from clbench.callbacks import CallbackList
+
+if TYPE_CHECKING:
+    from clbench.evaluation import Scores
+    from clbench.metrics import MetricSpec
+
+
+class StrategyContractError(TypeError):
+    """A strategy class or one of its return values does not follow :class:`StrategyBase`; names the strategy."""
 
 
 @dataclass(frozen=True)
@@ -31,31 +66,39 @@ class ParamCount:
                    trainable=sum(p.numel() for p in params if p.requires_grad))
 
 
+# ------------------------------------------------------------------------------------------------------ scenarios
 @dataclass(frozen=True)
 class ScenarioInfo:
-    """What a strategy may know about a scenario before training.
-
-    ``classes_per_experience[t]`` is the number of classes experience ``t`` introduces. In task-incremental
-    scenarios (``task_aware``) the task label of each sample is given at train and test time and predictions are
-    made among that task's classes only. ``domain_incremental`` scenarios reuse the same labels in every
-    experience (``classes_per_experience[t]`` then counts the labels of that experience, all of them shared).
-    """
+    """What a strategy may know about any scenario before training: its name, the number of experiences, the
+    shape of one input (``(C, H, W)`` for images, ``(D,)`` for vectors, ``(L,)`` for item sequences) and
+    scenario-specific facts in ``extra``."""
 
     name: str
+    n_experiences: int
+    input_shape: tuple[int, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassificationInfo(ScenarioInfo):
+    """A classification scenario: ``classes_per_experience[t]`` is the number of classes experience ``t``
+    introduces (``n_experiences`` is derived from it). In task-incremental scenarios (``task_aware``) the task label
+    of each sample is given at train and test time and predictions are made among that task's classes only.
+    ``domain_incremental`` scenarios reuse the same labels in every experience (``classes_per_experience[t]`` then
+    counts the labels of that experience, all of them shared)."""
+
+    n_experiences: int = 0
     n_classes: int
     classes_per_experience: tuple[int, ...]
-    input_shape: tuple[int, ...]                 # (C, H, W) for images, (D,) for vectors
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
     task_aware: bool = False
     domain_incremental: bool = False
     default_model: str = "mlp"                  # backbone used when a strategy's config says model="auto"
     class_order: tuple[int, ...] = ()           # original label of renumbered class c (for reports)
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def n_experiences(self) -> int:
-        return len(self.classes_per_experience)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "n_experiences", len(self.classes_per_experience))
 
     def class_range(self, t: int) -> range:
         """Renumbered labels introduced by experience ``t``."""
@@ -71,33 +114,98 @@ class ScenarioInfo:
         return sum(self.classes_per_experience[: t + 1])
 
 
+class Evaluator(Protocol):
+    """Scores a strategy on every test experience after a training step; owned by the scenario.
+
+    ``specs`` names the metrics it fills (one score matrix each, one of them primary); a call returns row
+    ``step`` of every matrix and the test size of each experience (the weights of the seen-data averages)."""
+
+    specs: tuple[MetricSpec, ...]
+
+    def __call__(self, strategy: StrategyBase, scenario: Scenario, step: int, device: torch.device) -> Scores: ...
+
+
 @dataclass
 class Scenario:
-    """A built scenario: an Avalanche benchmark (``train_stream``, ``test_stream``) and its description."""
+    """A built scenario: training and test streams of experiences (each has ``.dataset``, whose items are
+    ``(x, y, task_label)``, and ``.current_experience``), its description and its evaluator. Classification
+    scenarios also keep the Avalanche ``benchmark`` their streams come from (Avalanche strategies read it); the
+    runner uses only the streams and the evaluator."""
 
-    benchmark: Any
     info: ScenarioInfo
-
-    @property
-    def train_stream(self):
-        return self.benchmark.train_stream
-
-    @property
-    def test_stream(self):
-        return self.benchmark.test_stream
+    train_stream: Sequence[Any]
+    test_stream: Sequence[Any]
+    evaluator: Evaluator
+    benchmark: Any = None
 
 
-@runtime_checkable
-class Strategy(Protocol):
-    """What the runner relies on. ``offline`` strategies (joint training) receive the list of all training
-    experiences in a single ``train`` call and are evaluated once."""
+# ----------------------------------------------------------------------------------------------------- strategies
+class StrategyBase:
+    """The strategy contract (see the module docstring). Subclasses set ``Config`` and ``PRESETS`` and implement
+    ``train``, ``predict`` and ``num_parameters``; the rest has defaults."""
 
-    offline: ClassVar[bool]
+    Config: ClassVar[type]
+    PRESETS: ClassVar[dict[str, dict]] = {}
+    offline: ClassVar[bool] = False
 
-    def train(self, experience: Any) -> None: ...
+    def __init__(self, info: ScenarioInfo, device: torch.device | str, config: Any) -> None:
+        self.info, self.device, self.config = info, torch.device(device), config
+        self.callbacks = CallbackList()
+
+    def train(self, experience: Any) -> None:
+        """Train on one experience (offline strategies: on the list of all of them, in one call)."""
+        raise NotImplementedError
 
     def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
-        """Logits ``(B, C)`` whose column ``c`` scores renumbered class ``c`` (``C`` >= classes seen so far)."""
-        ...
+        """Scores ``(B, C)`` whose column ``c`` scores class (or item) ``c``; ``C`` >= classes seen so far."""
+        raise NotImplementedError
 
-    def num_parameters(self) -> ParamCount: ...
+    def num_parameters(self) -> ParamCount:
+        """Parameters of the deployed model after the last ``train`` call."""
+        raise NotImplementedError
+
+    def modules(self) -> dict[str, nn.Module]:
+        """The ``nn.Module`` s a callback may hook, by name. Default: every ``nn.Module`` attribute."""
+        return {name: value for name, value in vars(self).items() if isinstance(value, nn.Module)}
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Strategy-specific numbers recorded under ``metrics.extra`` (leaderboard columns). Default: none."""
+        return {}
+
+    def save_state(self, directory: Path) -> Path | None:
+        """Save what later commands need (e.g. ``forget``) under ``directory`` after the last step; return the
+        path written, or None (the default: nothing saved)."""
+        return None
+
+
+REQUIRED = ("train", "predict", "num_parameters")
+
+
+def check_strategy(name: str, cls: Any) -> None:
+    """Raise :class:`StrategyContractError` unless ``cls`` follows :class:`StrategyBase` (called on registration)."""
+    where = f"strategy {name!r} ({getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)!s})"
+    if not (isinstance(cls, type) and issubclass(cls, StrategyBase)):
+        raise StrategyContractError(f"{where} must be a class deriving from clbench.protocol.StrategyBase.")
+    missing = [m for m in REQUIRED if getattr(cls, m) is getattr(StrategyBase, m)]
+    if missing:
+        raise StrategyContractError(f"{where} does not implement {', '.join(missing)} (see StrategyBase).")
+    config = getattr(cls, "Config", None)
+    if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
+        raise StrategyContractError(f"{where}: Config must be a dataclass of hyperparameters, got {config!r}.")
+    fields = {f.name for f in dataclasses.fields(config)}
+    if not isinstance(cls.PRESETS, dict):
+        raise StrategyContractError(f"{where}: PRESETS must be a dict of name -> Config overrides.")
+    for preset, values in cls.PRESETS.items():
+        unknown = sorted(set(values) - fields) if isinstance(values, dict) else ["<not a dict>"]
+        if unknown:
+            raise StrategyContractError(f"{where}: preset {preset!r} sets unknown Config fields {unknown}.")
+    if not isinstance(cls.offline, bool):
+        raise StrategyContractError(f"{where}: offline must be True or False.")
+
+
+def checked(value: Any, expected: type, strategy: StrategyBase, method: str) -> Any:
+    """``value`` if it is an ``expected``, else a :class:`StrategyContractError` naming the strategy and method."""
+    if not isinstance(value, expected):
+        raise StrategyContractError(f"{type(strategy).__name__}.{method}() returned {type(value).__name__}, "
+                                    f"expected {expected.__name__} (see clbench.protocol.StrategyBase).")
+    return value

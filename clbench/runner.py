@@ -1,17 +1,20 @@
-"""One :class:`~clbench.config.RunSpec` -> one :class:`RunRecord` (a JSON file written atomically).
+"""One :class:`~clbench.config.RunSpec` -> one :class:`RunRecord` (in memory; a JSON file written atomically by
+:func:`run`).
 
 ::
 
     scenario = SCENARIOS.get(spec.scenario.name)(seed=spec.seed, **spec.scenario.args)
-    strategy = STRATEGIES.get(spec.strategy.name)(scenario.info, device, config)
+    strategy = STRATEGIES.get(spec.strategy.name)(scenario.info, device, config)     # a StrategyBase
+    strategy.callbacks.attach(spec.strategy.callbacks, context)                       # hooks of every loop
     for i, experience in enumerate(scenario.train_stream):
-        strategy.train(experience)
-        R[i, :] = evaluate(strategy, scenario)          # the same routine for every strategy
-    record = RunRecord(..., accuracy_matrix=R, metrics=metrics.summarize(R, n))
+        callbacks.on_experience_start(i); strategy.train(experience); callbacks.on_experience_end(i)
+        scores = scenario.evaluator(strategy, scenario, i, device)     # row i of every matrix, same for all
+    record = RunRecord(..., matrices={metric: R}, metrics=metrics.summarize(matrices, sizes, evaluator.specs))
 
-Optional strategy hooks the runner calls when present: ``extra_metrics() -> dict[str, float]`` (recorded under
-``metrics.extra`` and shown in the leaderboard) and ``save_state(directory)`` (called after the last step with
-``<out>/state/<run_id>/``, e.g. for unlearning afterwards).
+The runner calls the strategy's optional hooks (defaults in :class:`~clbench.protocol.StrategyBase`):
+``extra_metrics()`` (recorded under ``metrics.extra`` and shown in the leaderboard) and ``save_state(directory)``
+(after the last step, with ``<out>/state/<run_id>/``, e.g. for unlearning afterwards). Callbacks write under
+``<out>/artifacts/<run_id>/``.
 """
 
 from __future__ import annotations
@@ -31,14 +34,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from clbench import metrics, progress
+from clbench.callbacks import CallbackContext, CallbackSpec
 from clbench.config import RunSpec, build_config, config_hash
 from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, release_freed_memory, resolve_device
 from clbench.errors import NonFiniteLossError
-from clbench.protocol import ParamCount, Scenario, ScenarioInfo, Strategy
+from clbench.protocol import ParamCount, Scenario, ScenarioInfo, StrategyBase, StrategyContractError, checked
 from clbench.registry import SCENARIOS, STRATEGIES
 
 RECORD_VERSION = 1
@@ -46,15 +49,19 @@ RECORD_VERSION = 1
 
 @dataclass
 class RunRecord:
-    """Everything one run produced. ``accuracy_matrix[i][j]`` is a fraction; ``metrics`` are percentages,
-    seconds, MB and millions of parameters."""
+    """Everything one run produced. ``matrices[metric][i][j]``: score on test experience ``j`` after step ``i``
+    (``metric_specs`` says what each is); classification records also keep ``accuracy_matrix`` (fractions) at the top
+    level. ``metrics`` are the summaries (percent for ``%`` metrics), seconds, MB and millions of parameters."""
 
     run_id: str
     status: str                                  # "finished" | "failed"
     spec: dict
     identity_hash: str
     seed: int
+    code_fingerprint: str = ""                  # clbench.fingerprint: the code the run depended on (resume)
     accuracy_matrix: list[list[float]] = field(default_factory=list)
+    matrices: dict[str, list[list[float]]] = field(default_factory=dict)
+    metric_specs: list[dict] = field(default_factory=list)
     test_sizes: list[int] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
     params_per_step: list[dict] = field(default_factory=list)
@@ -105,48 +112,8 @@ def record_path(out_dir: str | Path, run_id: str) -> Path:
     return Path(out_dir) / "runs" / f"{run_id}.json"
 
 
-# ----------------------------------------------------------------------------------------------------- evaluation
-@torch.no_grad()
-def evaluate(strategy: Strategy, scenario: Scenario, step: int, device: torch.device,
-             batch_size: int = 512) -> tuple[list[float], list[int]]:
-    """Accuracy on every test experience after training step ``step`` (row ``step`` of the accuracy matrix).
-
-    Class-incremental (and domain-incremental): the prediction is the argmax over the classes seen so far,
-    ``0 .. info.n_seen(step) - 1``. Task-incremental (``info.task_aware``): the argmax over test experience ``j``'s
-    own classes ``info.class_range(j)``, the task label being given. Returns ``(accuracies, test sizes)``.
-
-    In class-incremental scenarios a future experience ``j > step`` holds only classes that cannot be predicted
-    yet, so ``R[step, j] = 0`` exactly; it is filled in without running the model.
-    """
-    info = scenario.info
-    n_seen = info.n_seen(step)
-    accuracies, sizes = [], []
-    for j, experience in enumerate(scenario.test_stream):
-        if j > step and not (info.task_aware or info.domain_incremental):
-            accuracies.append(0.0)
-            sizes.append(len(experience.dataset))
-            continue
-        allowed = info.class_range(j) if info.task_aware else range(n_seen)
-        loader = DataLoader(experience.dataset.eval(), batch_size=batch_size, shuffle=False)
-        correct = total = 0
-        for x, y, t in loader:
-            logits = strategy.predict(x.to(device), t.to(device))
-            if logits.shape[1] < allowed.stop:
-                raise ValueError(f"{type(strategy).__name__}.predict returned {logits.shape[1]} logits but "
-                                 f"{allowed.stop} classes must be scored after step {step}.")
-            scores = logits[:, allowed.start: allowed.stop].float()
-            if not torch.isfinite(scores).all():
-                raise NonFiniteLossError(f"predictions on test experience {j}", float("nan"))
-            pred = scores.argmax(dim=1).cpu() + allowed.start
-            correct += int((pred == y).sum())
-            total += len(y)
-        accuracies.append(correct / total)
-        sizes.append(total)
-    return accuracies, sizes
-
-
 # --------------------------------------------------------------------------------------------------------- runner
-def build_strategy(spec: RunSpec, info: ScenarioInfo, device: torch.device) -> Strategy:
+def build_strategy(spec: RunSpec, info: ScenarioInfo, device: torch.device) -> StrategyBase:
     config = build_config(spec.strategy.name, spec.strategy.preset, spec.strategy.args)
     return STRATEGIES.get(spec.strategy.name)(info, device, config)
 
@@ -159,20 +126,22 @@ def _mega(n: int) -> float:
     return n / 1e6
 
 
-def run(spec: RunSpec, out_dir: str | Path) -> RunRecord:
-    """Train and evaluate one run, write its record to ``<out_dir>/runs/<run_id>.json`` and return it.
+def execute(spec: RunSpec, out_dir: str | Path | None = None) -> RunRecord:
+    """Train and evaluate one run and return its record, in memory. With ``out_dir``, callbacks write their
+    artifacts under ``<out_dir>/artifacts/<run_id>/`` and ``save_state`` saves under ``<out_dir>/state/<run_id>/``;
+    without it nothing touches the disk.
 
     Any exception (a NaN loss included) gives a ``failed`` record with the reason. Set-up errors that every run
-    would repeat (a missing dataset) and ``KeyboardInterrupt`` propagate and write nothing for this run (finished
-    records of other runs stay).
+    would repeat (a missing dataset) and ``KeyboardInterrupt`` propagate.
     """
     device = resolve_device(spec.device)
     identity = spec.identity()
     record = RunRecord(run_id=spec.run_id, status="failed", spec=spec.to_dict(), identity_hash=config_hash(identity),
-                       seed=spec.seed, strategy_config=identity["strategy"]["resolved"], env=environment(device),
+                       seed=spec.seed, code_fingerprint=spec.code_fingerprint(),
+                       strategy_config=identity["strategy"]["resolved"], env=environment(device),
                        started=datetime.now(UTC).isoformat(timespec="seconds"))
     try:
-        _execute(spec, device, record, Path(out_dir))
+        _execute(spec, device, record, None if out_dir is None else Path(out_dir))
         record.status = "finished"
     except (KeyboardInterrupt, DatasetNotFound):
         raise
@@ -180,19 +149,31 @@ def run(spec: RunSpec, out_dir: str | Path) -> RunRecord:
         record.reason = f"{type(exc).__name__}: {exc}"
         record.metrics["traceback"] = traceback.format_exc(limit=8)
     record.finished = datetime.now(UTC).isoformat(timespec="seconds")
+    return record
+
+
+def run(spec: RunSpec, out_dir: str | Path) -> RunRecord:
+    """:func:`execute` with ``out_dir``, then write the record to ``<out_dir>/runs/<run_id>.json`` (finished
+    records of other runs stay whatever happens to this one)."""
+    record = execute(spec, out_dir)
     record.write(record_path(out_dir, spec.run_id))
     return record
 
 
-def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Path) -> None:
+def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Path | None) -> None:
     release_freed_memory()          # before this run's data exists: what earlier runs freed goes back to the OS
     seed_everything(spec.seed)
     scenario = build_scenario(spec)
-    info = scenario.info
+    info, evaluator = scenario.info, scenario.evaluator
     record.scenario_info = dataclasses.asdict(info)
+    record.metric_specs = [s.to_dict() for s in evaluator.specs]
     seed_everything(spec.seed)
     strategy = build_strategy(spec, info, device)
-    offline = bool(getattr(strategy, "offline", False))
+    callbacks = strategy.callbacks
+    artifacts = None if out_dir is None else out_dir / "artifacts" / spec.run_id
+    callbacks.attach([CallbackSpec(**c) for c in spec.strategy.callbacks],
+                     CallbackContext(run_id=spec.run_id, artifacts=artifacts, modules=strategy.modules))
+    offline = strategy.offline
     experiences = list(scenario.train_stream)
     steps = [experiences] if offline else experiences
     train_s = eval_s = 0.0
@@ -201,33 +182,45 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
     with PeakMemory(device) as memory, autocast:
         for i, step in enumerate(progress.bar(steps, desc=spec.run_id, level="experiences")):
             start = time.perf_counter()
+            callbacks.on_experience_start(i)
             strategy.train(step)
+            callbacks.on_experience_end(i)
             record.step_train_s.append(time.perf_counter() - start)
             train_s += record.step_train_s[-1]
-            count: ParamCount = strategy.num_parameters()
+            count = checked(strategy.num_parameters(), ParamCount, strategy, "num_parameters")
             record.params_per_step.append({"total": count.total, "trainable": count.trainable})
             start = time.perf_counter()
-            row, sizes = evaluate(strategy, scenario, len(experiences) - 1 if offline else i, device)
+            scores = evaluator(strategy, scenario, len(experiences) - 1 if offline else i, device)
             eval_s += time.perf_counter() - start
-            record.accuracy_matrix.append(row)
-            record.test_sizes = sizes
-    summary = metrics.summarize(record.accuracy_matrix, record.test_sizes, offline=offline,
-                                fwt_reference=info.extra.get("fwt_reference"))
+            for name, row in scores.rows.items():
+                record.matrices.setdefault(name, []).append(row)
+            record.test_sizes = scores.sizes
+    callbacks.close()
+    record.accuracy_matrix = record.matrices.get(metrics.ACCURACY.name, [])
+    summary = metrics.summarize(record.matrices, record.test_sizes, evaluator.specs, offline=offline)
     totals = [p["total"] for p in record.params_per_step]
     summary.update(params_M=_mega(totals[-1]), trainable_params_M=_mega(record.params_per_step[-1]["trainable"]),
                    params_added_M=_mega(totals[-1] - totals[0]), train_s=train_s, eval_s=eval_s,
                    peak_mem_MB=memory.peak_mb)
-    extra = strategy.extra_metrics() if hasattr(strategy, "extra_metrics") else {}
-    bad = {k: v for k, v in extra.items() if isinstance(v, float) and not math.isfinite(v)}
+    summary["extra"] = _extra_metrics(strategy)
+    record.metrics = summary
+    if out_dir is not None:
+        state_dir = out_dir / "state" / spec.run_id
+        if strategy.save_state(state_dir) is not None:
+            record.state_dir = str(state_dir)
+
+
+def _extra_metrics(strategy: StrategyBase) -> dict[str, float]:
+    """``strategy.extra_metrics()``, checked: a dict of names to finite numbers."""
+    extra = checked(strategy.extra_metrics(), dict, strategy, "extra_metrics")
+    wrong = sorted(k for k, v in extra.items() if not isinstance(k, str) or not isinstance(v, (int, float)))
+    if wrong:
+        raise StrategyContractError(f"{type(strategy).__name__}.extra_metrics() must map names to numbers; "
+                                    f"not so for {wrong}.")
+    bad = {k: v for k, v in extra.items() if not math.isfinite(v)}
     if bad:
         raise NonFiniteLossError(f"extra metrics {sorted(bad)}", next(iter(bad.values())))
-    summary["extra"] = extra
-    record.metrics = summary
-    if hasattr(strategy, "save_state"):
-        state_dir = out_dir / "state" / spec.run_id
-        strategy.save_state(state_dir)
-        record.state_dir = str(state_dir)
+    return extra
 
 
-__all__ = ["RunRecord", "run", "evaluate", "record_path", "build_scenario", "build_strategy",
-           "seed_everything"]
+__all__ = ["RunRecord", "execute", "run", "record_path", "build_scenario", "build_strategy", "seed_everything"]

@@ -23,7 +23,8 @@ from continuum.datasets import InMemoryDataset
 from continuum.tasks import TaskType
 from torch import Tensor
 
-from clbench.protocol import Scenario, ScenarioInfo
+from clbench.evaluation import AccuracyEvaluator
+from clbench.protocol import ClassificationInfo, Scenario
 
 Transform = Callable[[Tensor], Tensor] | None
 
@@ -62,7 +63,7 @@ def experience_dataset(x: Tensor, y: Tensor, task: int, train_transform: Transfo
         task_labels=task, targets=y.tolist())
 
 
-def class_incremental(info: ScenarioInfo, x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor,
+def class_incremental(info: ClassificationInfo, x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor,
                       class_order: Sequence[int], train_transform: Transform = None,
                       eval_transform: Transform = None) -> Scenario:
     """Split train and test tensors by ``info.classes_per_experience`` in ``class_order`` and wrap the
@@ -83,7 +84,7 @@ def class_incremental(info: ScenarioInfo, x_train: Tensor, y_train: Tensor, x_te
     return wrap_benchmark(dataclasses.replace(info, class_order=tuple(int(c) for c in class_order)), train, test)
 
 
-def wrap_benchmark(info: ScenarioInfo, train: list, test: list) -> Scenario:
+def wrap_benchmark(info: ClassificationInfo, train: list, test: list) -> Scenario:
     """Avalanche benchmark from per-experience datasets, with the attributes Avalanche's strategies expect."""
     benchmark = with_task_labels(with_classes_timeline(benchmark_from_datasets(train=train, test=test)))
     benchmark.n_classes = info.n_classes
@@ -92,4 +93,5 @@ def wrap_benchmark(info: ScenarioInfo, train: list, test: list) -> Scenario:
     for stream in (benchmark.train_stream, benchmark.test_stream):
         for experience in stream:
             experience.benchmark = benchmark          # iCaRL reads experience.benchmark.n_classes_per_exp
-    return Scenario(benchmark=benchmark, info=info)
+    return Scenario(info=info, train_stream=benchmark.train_stream, test_stream=benchmark.test_stream,
+                    evaluator=AccuracyEvaluator(), benchmark=benchmark)

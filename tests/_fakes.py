@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from clbench.protocol import ParamCount
+from clbench.protocol import ParamCount, StrategyBase
 from clbench.registry import STRATEGIES
 
 
@@ -20,15 +20,15 @@ class FakeConfig:
 
 
 @STRATEGIES.register("test_increasing_logits")
-class IncreasingLogits:
+class IncreasingLogits(StrategyBase):
     """Scores class c with c: the runner's masking decides every prediction (the largest allowed class)."""
 
-    offline = False
     Config = FakeConfig
     PRESETS = {"cpu": {}}
 
     def __init__(self, info, device, config):
-        self.info, self.config, self.steps = info, config, 0
+        super().__init__(info, device, config)
+        self.steps = 0
         self.weight = torch.nn.Parameter(torch.zeros(3))
 
     def train(self, experience):

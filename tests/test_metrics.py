@@ -1,13 +1,18 @@
 import numpy as np
 import pytest
 
-from clbench.metrics import seen_accuracy, summarize
+from clbench import metrics
+from clbench.metrics import ACCURACY, MetricSpec, seen_accuracy, summarize_matrix
 
 # 3 steps, test sizes 10 / 20 / 30. Row i = after training step i.
 R = [[0.9, 0.0, 0.0],
      [0.6, 0.8, 0.0],
      [0.5, 0.7, 0.9]]
 SIZES = [10, 20, 30]
+
+
+def summarize(matrix, sizes, **kw):          # the accuracy matrix alone, as the runner summarizes it
+    return summarize_matrix(matrix, sizes, ACCURACY, **kw)
 
 
 def test_summary_against_hand_computation():
@@ -21,12 +26,26 @@ def test_summary_against_hand_computation():
     assert m["forgetting"] == pytest.approx(100 * (0.4 + 0.1) / 2)
     # bwt: (0.5 - 0.9 + 0.7 - 0.8) / 2
     assert m["bwt"] == pytest.approx(100 * (-0.4 - 0.1) / 2)
-    assert m["fwt"] is None
+    assert set(m) == {"avg_inc_acc", "last_acc", "forgetting", "bwt"}      # no always-empty fwt column
 
 
-def test_fwt_with_reference():
-    m = summarize(R, SIZES, fwt_reference=[0.1, 0.1, 0.1])
-    assert m["fwt"] == pytest.approx(100 * ((0.0 - 0.1) + (0.0 - 0.1)) / 2)
+def test_lower_is_better_metric_forgets_upwards_and_keeps_its_unit():
+    """A loss-like metric (lower is better): forgetting is how far the last row rose above the best (lowest) earlier
+    value; no ×100 without the % unit; columns are named <metric>_<summary>."""
+    loss = MetricSpec("nll", higher_is_better=False)
+    m = summarize_matrix([[2.0, 5.0], [3.5, 1.0]], [10, 30], loss)
+    assert m["nll_forgetting"] == pytest.approx(3.5 - 2.0)
+    assert m["nll_bwt"] == pytest.approx(3.5 - 2.0)
+    assert m["nll_last"] == pytest.approx((3.5 * 10 + 1.0 * 30) / 40)
+    assert m["nll_avg_inc"] == pytest.approx((2.0 + (3.5 * 10 + 1.0 * 30) / 40) / 2)
+
+
+def test_summarize_needs_a_matrix_per_spec_and_joins_their_columns():
+    ndcg, hit = MetricSpec("ndcg@10", primary=True), MetricSpec("hit@10")
+    m = metrics.summarize({"ndcg@10": [[0.5]], "hit@10": [[0.75]]}, [4], [ndcg, hit])
+    assert m["ndcg@10_last"] == 0.5 and m["hit@10_last"] == 0.75
+    with pytest.raises(ValueError, match="no matrix for metric"):
+        metrics.summarize({"ndcg@10": [[0.5]]}, [4], [ndcg, hit])
 
 
 def test_task_incremental_matrix_nonzero_upper_triangle():

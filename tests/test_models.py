@@ -3,10 +3,10 @@ import torch
 
 from clbench.models.checkpoint import load_weights, save_weights
 from clbench.models.classifier import build_classifier
-from clbench.protocol import ScenarioInfo
+from clbench.protocol import ClassificationInfo
 from clbench.registry import MODELS
 
-INFO = ScenarioInfo(name="x", n_classes=10, classes_per_experience=(5, 5), input_shape=(3, 16, 16))
+INFO = ClassificationInfo(name="x", n_classes=10, classes_per_experience=(5, 5), input_shape=(3, 16, 16))
 
 
 @pytest.mark.parametrize("name, args", [("mlp", {}), ("cnn", {"width": 8}), ("resnet32", {"width": 4}),

@@ -20,7 +20,7 @@ from clbench.data import roots
 from clbench.data.catalog import SplitArrays
 from clbench.data.orders import CIFAR100_ORDERS, IMAGENET100_ORDER1, resolve_class_order
 from clbench.data.tensors import channel_stats, image_class_incremental, to_normalized
-from clbench.protocol import ScenarioInfo
+from clbench.protocol import ClassificationInfo
 from clbench.registry import SCENARIOS
 from clbench.scenarios.cifar import CIFAR100_MEAN, CIFAR100_STD, split_cifar100
 from clbench.scenarios.imagenet import split_imagenet_subset
@@ -85,7 +85,7 @@ def tiny_arrays(n_classes=6, per_class=3, size=4) -> SplitArrays:
 def test_subset_of_classes_is_renumbered_by_position_in_the_order_and_the_original_order_reported():
     arrays = tiny_arrays()
     order = [5, 2, 3, 0]                                      # a prefix of some longer order: classes 1 and 4 dropped
-    info = ScenarioInfo(name="t", n_classes=4, classes_per_experience=(2, 2), input_shape=(3, 4, 4),
+    info = ClassificationInfo(name="t", n_classes=4, classes_per_experience=(2, 2), input_shape=(3, 4, 4),
                         mean=(0.0,) * 3, std=(1 / 255,) * 3)  # std 1/255: tensors hold the raw pixel values
     scenario = image_class_incremental(info, arrays, order, max_per_class=2)
     assert scenario.info.class_order == (5, 2, 3, 0) and scenario.info.input_shape == (3, 4, 4)

@@ -10,7 +10,7 @@ from clbench import tasks
 from clbench.config import build_config
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.tangent import average_deltas
-from clbench.tangent.train import FitSettings, fit
+from clbench.training import FitSettings, fit
 from tests._fakes import fake_ray
 
 TINY = {"model_args": {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}, "epochs": 1}
@@ -148,8 +148,8 @@ def test_fit_applies_the_schedule_per_epoch():
     at 0.1 (epoch 1, after milestone 0) give w = 2.2."""
     w = torch.nn.Parameter(torch.zeros(()))
     settings = FitSettings(epochs=2, batch_size=2, lr=1.0, optimizer="adam", lr_milestones=(0,), lr_decay=0.1)
-    steps = fit(lambda x: x.sum(1) * w, [w], torch.ones(4, 1), torch.zeros(4), lambda out, y: -out.mean(),
-                settings, seed=0)
+    steps = fit(torch.nn.ParameterList([w]), lambda x: x.sum(1) * w, [w], torch.ones(4, 1), torch.zeros(4),
+                lambda out, y: -out.mean(), settings, seed=0)
     assert steps == 4 and float(w) == pytest.approx(2.2, rel=1e-6)
 
 

@@ -11,7 +11,7 @@ from torch import Tensor
 from torchvision.transforms import v2
 
 from clbench.data.catalog import SplitArrays
-from clbench.protocol import Scenario, ScenarioInfo
+from clbench.protocol import ClassificationInfo, Scenario
 from clbench.streams import Transform, class_incremental
 
 
@@ -58,7 +58,7 @@ def prepared_tensors(data: SplitArrays, mean: Sequence[float], std: Sequence[flo
     return x_train, y_train, x_test, y_test
 
 
-def image_class_incremental(info: ScenarioInfo, data: SplitArrays, class_order: Sequence[int],
+def image_class_incremental(info: ClassificationInfo, data: SplitArrays, class_order: Sequence[int],
                             max_per_class: int | None = None, train_transform: Transform = None) -> Scenario:
     """The shared path from arrays to a class-incremental scenario: keep the classes of ``class_order`` (which may
     be a prefix of a longer order), normalize with ``info.mean``/``info.std`` and split by

@@ -1,6 +1,6 @@
 """Feature extractors for CPU-scale and paper-scale runs: MLP, a small CNN, CIFAR ResNets.
 
-Every factory takes the scenario's :class:`~clbench.protocol.ScenarioInfo` and returns an ``nn.Module`` mapping
+Every factory takes the scenario's :class:`~clbench.protocol.ClassificationInfo` and returns an ``nn.Module`` mapping
 ``x: (B, *info.input_shape)`` to features ``(B, D)`` with ``D`` stored as ``module.out_features``.
 """
 
@@ -10,7 +10,7 @@ import math
 
 from torch import Tensor, nn
 
-from clbench.protocol import ScenarioInfo
+from clbench.protocol import ClassificationInfo
 from clbench.registry import MODELS
 
 
@@ -29,7 +29,7 @@ class MLP(nn.Sequential):
 
 
 @MODELS.register("mlp")
-def mlp(info: ScenarioInfo, *, hidden: tuple[int, ...] = (256, 256), dropout: float = 0.0) -> MLP:
+def mlp(info: ClassificationInfo, *, hidden: tuple[int, ...] = (256, 256), dropout: float = 0.0) -> MLP:
     """Multi-layer perceptron on the flattened input (the default for digits and MNIST-sized scenarios)."""
     return MLP(math.prod(info.input_shape), tuple(hidden), dropout)
 
@@ -51,7 +51,7 @@ class SmallCNN(nn.Module):
 
 
 @MODELS.register("cnn")
-def cnn(info: ScenarioInfo, *, width: int = 32) -> SmallCNN:
+def cnn(info: ClassificationInfo, *, width: int = 32) -> SmallCNN:
     """Small 3-stage CNN (conv-BN-ReLU, two max-pools, global average pooling)."""
     return SmallCNN(info.input_shape[0], width)
 
@@ -97,12 +97,12 @@ class CifarResNet(nn.Module):
 
 
 @MODELS.register("resnet18")
-def resnet18(info: ScenarioInfo, *, width: int = 64) -> CifarResNet:
+def resnet18(info: ClassificationInfo, *, width: int = 64) -> CifarResNet:
     """Reduced ResNet-18 (2-2-2-2 blocks); ``width=20`` is the reduced variant of GEM/DER, 64 the standard."""
     return CifarResNet(info.input_shape[0], (2, 2, 2, 2), width)
 
 
 @MODELS.register("resnet32")
-def resnet32(info: ScenarioInfo, *, width: int = 16) -> CifarResNet:
+def resnet32(info: ClassificationInfo, *, width: int = 16) -> CifarResNet:
     """CIFAR ResNet-32 (3 stages x 5 blocks, widths 16/32/64), the iCaRL/DER/PyCIL CIFAR-100 backbone."""
     return CifarResNet(info.input_shape[0], (5, 5, 5), width)

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from avalanche.models import IncrementalClassifier, MultiHeadClassifier, MultiTaskModule
 from torch import Tensor, nn
 
-from clbench.protocol import ScenarioInfo
+from clbench.protocol import ClassificationInfo
 from clbench.registry import MODELS
 
-HEADS: dict[str, Callable[[int, ScenarioInfo], nn.Module]] = {
+HEADS: dict[str, Callable[[int, ClassificationInfo], nn.Module]] = {
     # grows with the classes seen (Avalanche masks not-yet-seen units with -1000)
     "incremental": lambda d, info: IncrementalClassifier(d, initial_out_features=info.classes_per_experience[0]),
     # all classes from the start (e.g. dark experience replay, which stores logits of a fixed width)
@@ -45,7 +45,7 @@ class MultiTaskFeatureClassifier(MultiTaskModule):
         return self.classifier(self.feature_extractor(x), task_labels=task_label)
 
 
-def build_backbone(info: ScenarioInfo, name: str = "auto", args: dict | None = None) -> nn.Module:
+def build_backbone(info: ClassificationInfo, name: str = "auto", args: dict | None = None) -> nn.Module:
     """``MODELS.get(name)(info, **args)`` as a feature extractor with ``out_features`` set.
 
     ``name="auto"`` takes ``info.default_model``. A timm model (one with ``reset_classifier``) has its head removed.
@@ -57,7 +57,7 @@ def build_backbone(info: ScenarioInfo, name: str = "auto", args: dict | None = N
     return backbone
 
 
-def build_classifier(info: ScenarioInfo, name: str = "auto", args: dict | None = None,
+def build_classifier(info: ClassificationInfo, name: str = "auto", args: dict | None = None,
                      head: str = "incremental") -> nn.Module:
     """A backbone from :data:`MODELS` with a head from :data:`HEADS` (``multi`` gives a multi-task model)."""
     if head not in HEADS:

@@ -26,7 +26,7 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor, nn
 
 from clbench.models.gpsa import GPSA
-from clbench.protocol import ScenarioInfo
+from clbench.protocol import ClassificationInfo
 from clbench.registry import MODELS
 
 
@@ -250,7 +250,7 @@ class DyToxNet(nn.Module):
 
 
 @MODELS.register("dytox")
-def dytox(info: ScenarioInfo, *, arch: str = "tiny", **overrides) -> DyToxNet:
+def dytox(info: ClassificationInfo, *, arch: str = "tiny", **overrides) -> DyToxNet:
     """A DyTox network for ``info.input_shape``: one of :data:`ARCHS` with field overrides (``patch_size=2``...)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown DyTox arch {arch!r}; known: {', '.join(ARCHS)}.")

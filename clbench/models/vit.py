@@ -5,12 +5,12 @@ from __future__ import annotations
 from timm.models.vision_transformer import VisionTransformer
 
 from clbench.models.checkpoint import load_weights
-from clbench.protocol import ScenarioInfo
+from clbench.protocol import ClassificationInfo
 from clbench.registry import MODELS
 
 
 @MODELS.register("vit")
-def vit(info: ScenarioInfo, *, embed_dim: int = 64, depth: int = 2, num_heads: int = 4, patch_size: int = 4,
+def vit(info: ClassificationInfo, *, embed_dim: int = 64, depth: int = 2, num_heads: int = 4, patch_size: int = 4,
         mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: float | None = None,
         drop_path_rate: float = 0.0, num_classes: int | None = None, fused_attn: bool = True,
         init: str | None = None) -> VisionTransformer:

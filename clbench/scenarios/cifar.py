@@ -18,7 +18,7 @@ import os
 from clbench import data
 from clbench.data.orders import CIFAR100_ORDERS, resolve_class_order
 from clbench.data.tensors import crop_flip, image_class_incremental
-from clbench.protocol import Scenario, ScenarioInfo
+from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
 from clbench.streams import increments_for
 
@@ -33,9 +33,9 @@ def split_cifar100(*, seed: int = 0, n_experiences: int = 10, initial_classes: i
                    data_root: str | os.PathLike | None = None) -> Scenario:
     """CIFAR-100 in ``n_experiences`` class-incremental steps (see the module docstring for the arguments)."""
     order = resolve_class_order(class_order, 100, seed, CIFAR100_ORDERS)[:classes]
-    info = ScenarioInfo(name="split_cifar100", n_classes=len(order),
-                        classes_per_experience=tuple(increments_for(len(order), n_experiences, initial_classes)),
-                        input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD, default_model=default_model,
-                        extra={"class_order_name": class_order})
+    info = ClassificationInfo(name="split_cifar100", n_classes=len(order),
+                              classes_per_experience=tuple(increments_for(len(order), n_experiences, initial_classes)),
+                              input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD,
+                              default_model=default_model, extra={"class_order_name": class_order})
     return image_class_incremental(info, data.load(data.CIFAR100, data_root), order, max_per_class,
                                    train_transform=crop_flip(32, padding=4))

@@ -7,7 +7,7 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from clbench.protocol import Scenario, ScenarioInfo
+from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
 from clbench.streams import class_incremental, increments_for, seeded_class_order
 
@@ -31,9 +31,9 @@ def split_digits(*, seed: int = 0, n_experiences: int = 5, class_order: str = "f
     orders = {"fixed": lambda: list(range(10)), "random": lambda: seeded_class_order(10, seed)}
     if class_order not in orders:
         raise ValueError(f"split_digits: class_order must be one of {sorted(orders)}, got {class_order!r}.")
-    info = ScenarioInfo(name="split_digits", n_classes=10,
-                        classes_per_experience=tuple(increments_for(10, n_experiences)),
-                        input_shape=(1, 8, 8), mean=(DIGITS_MEAN,), std=(DIGITS_STD,), task_aware=task_aware,
-                        default_model="mlp")
+    info = ClassificationInfo(name="split_digits", n_classes=10,
+                              classes_per_experience=tuple(increments_for(10, n_experiences)),
+                              input_shape=(1, 8, 8), mean=(DIGITS_MEAN,), std=(DIGITS_STD,), task_aware=task_aware,
+                              default_model="mlp")
     return class_incremental(info, torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te),
                              torch.from_numpy(y_te), orders[class_order]())

@@ -21,7 +21,7 @@ import os
 from clbench import data
 from clbench.data.orders import IMAGENET100_ORDER1, resolve_class_order
 from clbench.data.tensors import crop_flip, image_class_incremental
-from clbench.protocol import Scenario, ScenarioInfo
+from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
 from clbench.streams import increments_for
 
@@ -39,9 +39,9 @@ def split_imagenet_subset(*, seed: int = 0, root: str = "tiny-imagenet-100", cla
     arrays = data.load(data.image_folder_dataset(root, class_list, image_size), data_root)
     order = resolve_class_order(class_order, len(arrays.class_names), seed, {1: IMAGENET100_ORDER1})[:classes]
     size = arrays.x_train.shape[1]
-    info = ScenarioInfo(name="split_imagenet_subset", n_classes=len(order),
-                        classes_per_experience=tuple(increments_for(len(order), n_experiences, initial_classes)),
-                        input_shape=(3, size, size), mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                        default_model=default_model,
-                        extra={"root": root, "wnids": arrays.class_names, "class_order_name": class_order})
+    info = ClassificationInfo(name="split_imagenet_subset", n_classes=len(order),
+                              classes_per_experience=tuple(increments_for(len(order), n_experiences, initial_classes)),
+                              input_shape=(3, size, size), mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                              default_model=default_model,
+                              extra={"root": root, "wnids": arrays.class_names, "class_order_name": class_order})
     return image_class_incremental(info, arrays, order, max_per_class, train_transform=crop_flip(size, size // 8))

@@ -3,7 +3,7 @@
 - ``split_mnist`` / ``split_fmnist``: the 10 classes in ``n_experiences`` class-incremental steps (5 x 2 default).
 - ``mnist_fmnist``: MNIST, then Fashion-MNIST, as two experiences. ``mode="class"``: labels 0-9 are MNIST's digits
   and 10-19 Fashion-MNIST's classes; ``mode="domain"``: both use the shared labels 0-9
-  (``ScenarioInfo.domain_incremental``). Both datasets are normalized with the statistics of their joint training
+  (``ClassificationInfo.domain_incremental``). Both datasets are normalized with the statistics of their joint training
   set, so one ``info.mean``/``info.std`` describes the inputs.
 
 Data come from :mod:`clbench.data` (``mnist/`` or ``MNIST/raw/``, ``fashion-mnist/`` or ``FashionMNIST/raw/``
@@ -18,7 +18,7 @@ from typing import Literal
 from clbench import data
 from clbench.data.orders import resolve_class_order
 from clbench.data.tensors import image_class_incremental, prepared_tensors
-from clbench.protocol import Scenario, ScenarioInfo
+from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
 from clbench.streams import experience_dataset, increments_for, wrap_benchmark
 
@@ -31,9 +31,9 @@ JOINT_STATS = ((0.2084,), (0.3403,))
 def _split(name: str, spec: data.DatasetSpec, stats: tuple, *, seed: int, n_experiences: int, class_order: str,
            max_per_class: int | None, task_aware: bool, data_root: str | os.PathLike | None) -> Scenario:
     order = resolve_class_order(class_order, 10, seed)
-    info = ScenarioInfo(name=name, n_classes=10, classes_per_experience=tuple(increments_for(10, n_experiences)),
-                        input_shape=(1, 28, 28), mean=stats[0], std=stats[1], task_aware=task_aware,
-                        default_model="mlp")
+    info = ClassificationInfo(name=name, n_classes=10, classes_per_experience=tuple(increments_for(10, n_experiences)),
+                              input_shape=(1, 28, 28), mean=stats[0], std=stats[1], task_aware=task_aware,
+                              default_model="mlp")
     return image_class_incremental(info, data.load(spec, data_root), order, max_per_class)
 
 
@@ -62,10 +62,10 @@ def mnist_fmnist(*, seed: int = 0, mode: Literal["class", "domain"] = "class", m
         raise ValueError(f"mnist_fmnist: mode must be 'class' or 'domain', got {mode!r}.")
     parts = [prepared_tensors(data.load(spec, data_root), *JOINT_STATS, max_per_class=max_per_class)
              for spec in (data.MNIST, data.FASHION_MNIST)]
-    info = ScenarioInfo(name="mnist_fmnist", n_classes=20 if mode == "class" else 10, classes_per_experience=(10, 10),
-                        input_shape=(1, 28, 28), mean=JOINT_STATS[0], std=JOINT_STATS[1], task_aware=task_aware,
-                        domain_incremental=mode == "domain", default_model="mlp",
-                        class_order=tuple(range(20 if mode == "class" else 10)))
+    info = ClassificationInfo(name="mnist_fmnist", n_classes=20 if mode == "class" else 10,
+                              classes_per_experience=(10, 10), input_shape=(1, 28, 28), mean=JOINT_STATS[0],
+                              std=JOINT_STATS[1], task_aware=task_aware, domain_incremental=mode == "domain",
+                              default_model="mlp", class_order=tuple(range(20 if mode == "class" else 10)))
     offset = 10 if mode == "class" else 0
     train, test = [], []
     for t, (x_tr, y_tr, x_te, y_te) in enumerate(parts):

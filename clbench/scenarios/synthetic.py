@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from clbench.protocol import Scenario, ScenarioInfo
+from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
 from clbench.streams import class_incremental, increments_for, seeded_class_order
 
@@ -28,8 +28,8 @@ def synthetic(*, seed: int = 0, n_classes: int = 6, n_experiences: int = 3, trai
     x_train, y_train = draw(train_per_class)
     x_test, y_test = draw(test_per_class)
     order = seeded_class_order(n_classes, seed) if shuffle_classes else list(range(n_classes))
-    info = ScenarioInfo(name="synthetic", n_classes=n_classes,
-                        classes_per_experience=tuple(increments_for(n_classes, n_experiences)),
-                        input_shape=shape, mean=(0.0,) * channels, std=(1.0,) * channels, task_aware=task_aware,
-                        default_model="mlp")
+    info = ClassificationInfo(name="synthetic", n_classes=n_classes,
+                              classes_per_experience=tuple(increments_for(n_classes, n_experiences)),
+                              input_shape=shape, mean=(0.0,) * channels, std=(1.0,) * channels, task_aware=task_aware,
+                              default_model="mlp")
     return class_incremental(info, x_train, y_train, x_test, y_test, order)

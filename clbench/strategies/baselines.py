@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -29,17 +28,12 @@ from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
 
 from clbench import progress
-from clbench.errors import NonFiniteLossError
+from clbench.callbacks import bridge
 from clbench.models.checkpoint import load_weights
 from clbench.models.classifier import build_classifier
-from clbench.protocol import ParamCount, ScenarioInfo
+from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
 from clbench.registry import STRATEGIES
-
-OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "sgd": lambda params, c: torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay),
-    "adam": lambda params, c: torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay),
-    "adamw": lambda params, c: torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay),
-}
+from clbench.training import OPTIMIZERS
 
 
 @dataclass
@@ -71,8 +65,8 @@ CPU = {"epochs": 2, "batch_size": 32, "optimizer": "adam", "lr": 1e-3}
 FULL = {"epochs": 70, "batch_size": 128, "optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4}
 
 
-class _Guard(SupervisedPlugin):
-    """Fails fast on a non-finite loss and advances the epoch progress bar."""
+class _EpochProgress(SupervisedPlugin):
+    """Advances the epoch progress bar."""
 
     def __init__(self, epochs: int) -> None:
         super().__init__()
@@ -81,11 +75,6 @@ class _Guard(SupervisedPlugin):
     def before_training_exp(self, strategy, **kwargs):
         self.bar = progress.bar(total=self.epochs, desc="epochs", level="epochs")
 
-    def before_backward(self, strategy, **kwargs):
-        loss = strategy.loss
-        if not torch.isfinite(loss).all():
-            raise NonFiniteLossError(f"{type(strategy).__name__} training loss", float(loss.detach().sum()))
-
     def after_training_epoch(self, strategy, **kwargs):
         self.bar.update()
 
@@ -93,29 +82,31 @@ class _Guard(SupervisedPlugin):
         self.bar.close()
 
 
-class AvalancheStrategy:
-    """Adapter from an Avalanche ``SupervisedTemplate`` to the clbench protocol (see module docstring)."""
+class AvalancheStrategy(StrategyBase):
+    """Adapter from an Avalanche ``SupervisedTemplate`` to the clbench protocol (see module docstring); the
+    template fires the strategy's callbacks (:func:`clbench.callbacks.bridge`)."""
 
-    offline: ClassVar[bool] = False
     template_cls: ClassVar[type[SupervisedTemplate]]
     head: ClassVar[str] = ""           # forces a head kind (e.g. "fixed") regardless of the config
     Config: ClassVar[type] = TrainConfig
     PRESETS: ClassVar[dict[str, dict]] = {"cpu": CPU, "full": FULL}
 
-    def __init__(self, info: ScenarioInfo, device: torch.device, config: Any) -> None:
-        self.info, self.device, self.config = info, device, config
+    def __init__(self, info: ClassificationInfo, device: torch.device, config: Any) -> None:
+        super().__init__(info, device, config)
         head = self.head or (config.head if config.head != "auto" else ("multi" if info.task_aware else
                                                                          "incremental"))
         self.model = build_classifier(info, config.model, config.model_args, head=head)
         if config.init:
             load_weights(self.model.feature_extractor, config.init)
-        optimizer = OPTIMIZERS[config.optimizer](self.model.parameters(), config)
+        optimizer = OPTIMIZERS.get(config.optimizer)(self.model.parameters(), lr=config.lr,
+                                                     weight_decay=config.weight_decay, momentum=config.momentum)
         common = dict(optimizer=optimizer, train_mb_size=config.batch_size, train_epochs=config.epochs,
-                      eval_mb_size=config.eval_batch_size, device=device, plugins=[_Guard(config.epochs)],
+                      eval_mb_size=config.eval_batch_size, device=self.device, plugins=[_EpochProgress(config.epochs)],
                       evaluator=EvaluationPlugin(loggers=[]))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="No loggers specified")
             self.template = self.make_template(self.model, common)
+        bridge(self.template, self.callbacks)
 
     def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
         """The Avalanche strategy; subclasses add their own keyword arguments."""

@@ -9,18 +9,24 @@ and the ViTs here have no dropout.
 - :func:`train_delta`: a tangent member, ``Δ`` from zero minimizing ``L(f_lin(x; Δ), y) + λ‖Δ‖²``; returns ``Δ``.
 - :func:`train_tail`: a non-linear member, the tail's weights from ``w0`` minimizing ``L(f(x; w), y)``; returns
   its state dict.
+
+The job also carries the run's callbacks as specs (name, args) and a :class:`~clbench.callbacks.CallbackContext`
+(run id, artifacts folder, member key): the trainer re-creates them where it runs, with ``{"member": model}`` as the
+modules they see, so hooks fire in a spawned process or a Ray task as in the run's own process.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from clbench.callbacks import CallbackContext, CallbackList, CallbackSpec
 from clbench.tangent.losses import TangentObjective
-from clbench.tangent.train import FitSettings, fit
+from clbench.training import FitSettings, fit
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,13 @@ class MemberJob:
     objective: TangentObjective            # ridge_lambda = 0 for non-linear members
     settings: FitSettings
     seed: int
+    callbacks: tuple[CallbackSpec, ...] = ()
+    context: CallbackContext = field(default_factory=CallbackContext)
+
+
+def _callbacks(job: MemberJob, model: nn.Module) -> CallbackList:
+    """The job's callbacks, rebuilt here, seeing ``{"member": model}``."""
+    return CallbackList.build(job.callbacks, dataclasses.replace(job.context, modules=lambda: {"member": model}))
 
 
 def train_delta(job: MemberJob) -> dict[str, Tensor]:
@@ -46,13 +59,17 @@ def train_delta(job: MemberJob) -> dict[str, Tensor]:
             p.zero_()
     deltas = list(model.tangent_parameters())
     forward = model.from_prefix if model.prefix_cacheable else model
-    fit(forward, deltas, job.inputs, job.targets, lambda logits, y: job.objective(logits, y, deltas), job.settings,
-        job.seed)
+    callbacks = _callbacks(job, model)
+    fit(model, forward, deltas, job.inputs, job.targets, lambda logits, y: job.objective(logits, y, deltas),
+        job.settings, job.seed, callbacks)
+    callbacks.close()
     return model.delta_state()
 
 
 def train_tail(job: MemberJob) -> dict[str, Tensor]:
     """A non-linear member: a copy of the tail ``w0`` fine-tuned on ``job``'s cached tokens; returns its state."""
     tail = copy.deepcopy(job.model).train()
-    fit(tail, tail.parameters(), job.inputs, job.targets, job.objective, job.settings, job.seed)
+    callbacks = _callbacks(job, tail)
+    fit(tail, tail, tail.parameters(), job.inputs, job.targets, job.objective, job.settings, job.seed, callbacks)
+    callbacks.close()
     return {k: v.detach().clone() for k, v in tail.state_dict().items()}

@@ -1,0 +1,221 @@
+"""Training hooks fired by every training loop: Avalanche templates (through :class:`CallbackPlugin`), DyTox's
+template, and :func:`clbench.training.fit` (tangent members, NLFT and any strategy that is not a template).
+
+A run's hook sequence, whatever the loop::
+
+    on_experience_start(t)                       # fired by the runner around strategy.train(experience t)
+        on_batch_start(x, y)                     # a minibatch: x (B, ...), y (B,)
+        after_forward(loss)                      # the full training loss (scalar), every term added
+        after_backward(model)                    # gradients present, before the optimizer step
+        after_step(optimizer)                    # parameters updated
+        ...                                      # once per minibatch, over every epoch and training phase
+    on_experience_end(t)
+
+Every :class:`CallbackList` checks the loss first: a non-finite loss raises :class:`~clbench.errors.NonFiniteLossError`
+with the same message in every loop, and the run is marked failed.
+
+Callbacks are named in :data:`CALLBACKS` and attached from a suite entry
+(``callbacks: [{name: hook_trace, args: {}}]``, validated when the suite loads) or through :func:`clbench.api.run`.
+They are re-created from their :class:`CallbackSpec` (name, args) wherever training happens — a shard member in a
+spawned process or a Ray task builds its own from the specs carried by its job — and they write files under the
+run's artifacts folder ``<out>/artifacts/<run_id>/`` (:attr:`CallbackContext.artifacts`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from avalanche.training.plugins import SupervisedPlugin
+from torch import Tensor, nn
+
+from clbench.errors import NonFiniteLossError
+from clbench.registry import Registry
+
+CALLBACKS: Registry = Registry("callback")
+
+
+@dataclass(frozen=True)
+class CallbackSpec:
+    """A callback by name (a :data:`CALLBACKS` entry) and the keyword arguments of its factory; picklable."""
+
+    name: str
+    args: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "args": dict(self.args)}
+
+
+@dataclass
+class CallbackContext:
+    """What a callback may reach: the run, its artifacts folder (created on first use by whoever writes), the
+    strategy's modules (``modules()`` returns the current ``{name: nn.Module}``; a shard member sees
+    ``{"member": model}``) and, inside a member job, the member's key (``""`` for the run's own process)."""
+
+    run_id: str = ""
+    artifacts: Path | None = None
+    modules: Callable[[], Mapping[str, nn.Module]] = dict
+    member: str = ""
+
+
+class Callback:
+    """No-op hooks; subclass and override what you need. :meth:`setup` is called once before training with the
+    :class:`CallbackContext` (kept as ``self.context``); :meth:`close` once after the last experience (or after the
+    last batch of a member job)."""
+
+    context: CallbackContext
+
+    def setup(self, context: CallbackContext) -> None:
+        self.context = context
+
+    def on_experience_start(self, experience: int) -> None: ...
+
+    def on_experience_end(self, experience: int) -> None: ...
+
+    def on_batch_start(self, x: Tensor, y: Tensor) -> None: ...
+
+    def after_forward(self, loss: Tensor) -> None: ...
+
+    def after_backward(self, model: nn.Module) -> None: ...
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class CallbackList(Callback):
+    """The callbacks of one training process, in attachment order, with the specs they were built from (so that a
+    member job elsewhere can rebuild them: :meth:`specs`). Always guards the loss against non-finite values."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callback] = []
+        self._specs: list[CallbackSpec] = []
+        self.context = CallbackContext()
+
+    @classmethod
+    def build(cls, specs: Iterable[CallbackSpec], context: CallbackContext) -> CallbackList:
+        """A list holding ``CALLBACKS.get(spec.name)(**spec.args)`` for each spec, set up with ``context``."""
+        built = cls()
+        built.attach(specs, context)
+        return built
+
+    def attach(self, specs: Iterable[CallbackSpec], context: CallbackContext) -> None:
+        self.context = context
+        for spec in specs:
+            callback = CALLBACKS.get(spec.name)(**spec.args)
+            callback.setup(context)
+            self.callbacks.append(callback)
+            self._specs.append(spec)
+
+    def specs(self) -> tuple[CallbackSpec, ...]:
+        return tuple(self._specs)
+
+    def on_experience_start(self, experience: int) -> None:
+        for c in self.callbacks:
+            c.on_experience_start(experience)
+
+    def on_experience_end(self, experience: int) -> None:
+        for c in self.callbacks:
+            c.on_experience_end(experience)
+
+    def on_batch_start(self, x: Tensor, y: Tensor) -> None:
+        for c in self.callbacks:
+            c.on_batch_start(x, y)
+
+    def after_forward(self, loss: Tensor) -> None:
+        value = float(loss.detach().float().sum())
+        if not math.isfinite(value):
+            raise NonFiniteLossError("the training loss", value)
+        for c in self.callbacks:
+            c.after_forward(loss)
+
+    def after_backward(self, model: nn.Module) -> None:
+        for c in self.callbacks:
+            c.after_backward(model)
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        for c in self.callbacks:
+            c.after_step(optimizer)
+
+    def close(self) -> None:
+        for c in self.callbacks:
+            c.close()
+
+
+class CallbackPlugin(SupervisedPlugin):
+    """Bridges a :class:`CallbackList` into an Avalanche ``SupervisedTemplate``. Append it LAST to the template's
+    plugins (:func:`bridge`) so that ``after_forward`` sees the loss with every plugin's term added (EWC, LwF, ...)
+    and ``after_backward`` the gradients after every plugin's change (GEM's projection, ...)."""
+
+    def __init__(self, callbacks: CallbackList) -> None:
+        super().__init__()
+        self.callbacks = callbacks
+
+    def before_training_iteration(self, strategy, **kwargs) -> None:
+        self.callbacks.on_batch_start(strategy.mb_x, strategy.mb_y)
+
+    def before_backward(self, strategy, **kwargs) -> None:
+        self.callbacks.after_forward(strategy.loss)
+
+    def after_backward(self, strategy, **kwargs) -> None:
+        self.callbacks.after_backward(strategy.model)
+
+    def after_update(self, strategy, **kwargs) -> None:
+        self.callbacks.after_step(strategy.optimizer)
+
+
+def bridge(template: Any, callbacks: CallbackList) -> None:
+    """Make ``template`` (an Avalanche ``SupervisedTemplate``) fire ``callbacks``: appended after its own plugins."""
+    template.plugins.append(CallbackPlugin(callbacks))
+
+
+@CALLBACKS.register("hook_trace")
+class HookTrace(Callback):
+    """Appends one JSON line per hook call (``{"hook": ..., "member": ..., ...}``) to ``<artifacts>/hooks.jsonl``:
+    the order in which a loop fires the hooks, for debugging a strategy or checking a new loop. ``batches``: the
+    number of batch-level hook groups written per experience (later ones are counted, not written)."""
+
+    def __init__(self, batches: int = 1000) -> None:
+        self.batches = batches
+        self.seen = 0
+
+    def _write(self, hook: str, **fields: Any) -> None:
+        if self.context.artifacts is None:
+            return
+        self.context.artifacts.mkdir(parents=True, exist_ok=True)
+        with open(self.context.artifacts / "hooks.jsonl", "a") as f:
+            f.write(json.dumps({"hook": hook, "member": self.context.member, **fields}) + "\n")
+
+    def on_experience_start(self, experience: int) -> None:
+        self.seen = 0
+        self._write("on_experience_start", experience=experience)
+
+    def on_experience_end(self, experience: int) -> None:
+        self._write("on_experience_end", experience=experience, batches=self.seen)
+
+    def on_batch_start(self, x: Tensor, y: Tensor) -> None:
+        self.seen += 1
+        if self.seen <= self.batches:
+            self._write("on_batch_start", batch=len(y))
+
+    def after_forward(self, loss: Tensor) -> None:
+        if self.seen <= self.batches:
+            self._write("after_forward", loss=float(loss.detach()))
+
+    def after_backward(self, model: nn.Module) -> None:
+        if self.seen <= self.batches:
+            grads = sum(p.grad is not None for p in model.parameters())
+            self._write("after_backward", params_with_grad=grads)
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.seen <= self.batches:
+            self._write("after_step")
+
+
+__all__ = ["CALLBACKS", "Callback", "CallbackContext", "CallbackList", "CallbackPlugin", "CallbackSpec", "HookTrace",
+           "bridge"]
