@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import inspect
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -26,7 +27,9 @@ import torch
 import yaml
 
 from clbench import progress
+from clbench import records as record_files
 from clbench.config import ConfigError, build_config, load_suite, shipped_suites
+from clbench.environment import resolve_device
 from clbench.registry import COMMANDS, MODELS, SCENARIOS, STRATEGIES, UnknownNameError
 
 
@@ -60,6 +63,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="train up to N shard members of a run at once (taft_shards, model_soup, sisa): N spawned "
                         "processes (local executor) or nested Ray tasks (ray); same results as 1 (default)")
     p.add_argument("--init", help="local checkpoint: sets the 'init' hyperparameter of every strategy that has one")
+    p.add_argument("--force", action="store_true",
+                   help="run every run again, even those whose finished record matches the configuration and code")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads for the runs of this process (default: torch's, one per core). "
                         "Tiny models run faster on 1: DyTox micro trained 37.5 s with 1 thread vs 99.7 s with 2")
@@ -77,30 +82,63 @@ def _with_init(suite, init: str | None):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from clbench import leaderboard, report
+    """Everything that can be checked is checked before the first run: the suite, the flags, the device, the
+    output folder and the executor; each problem is one line and exit code 2."""
     from clbench.executors import EXECUTORS
 
     suite = _with_init(load_suite(args.suite).select(args.scenario, args.strategy, args.seeds), args.init)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be at least 1, got {args.threads}.")
-        torch.set_num_threads(args.threads)
+    for flag in ("threads", "shard_workers"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {value}.")
+    resolve_device(args.device)
     out = Path(args.out or Path("results") / suite.name)
+    check_output_folder(out)
+    try:
+        executor = EXECUTORS.get(args.executor)(address=args.ray_address, shard_workers=args.shard_workers,
+                                                force=args.force)
+    except (ImportError, RuntimeError, ConnectionError) as exc:
+        raise ConfigError(f"--executor {args.executor}: {exc}") from None
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     specs = suite.run_specs(device=args.device, amp=args.amp)
-    executor = EXECUTORS.get(args.executor)(address=args.ray_address, shard_workers=args.shard_workers)
     print(f"suite {suite.name}: {len(specs)} runs ({len(suite.scenarios)} scenarios x {len(suite.strategies)} "
           f"strategies x {len(suite.seeds)} seeds) -> {out}", file=sys.stderr)
     records = executor.run_all(specs, out)
     failed = [r for r in records if r.status != "finished"]
     for r in failed:
         print(f"FAILED {r.run_id}: {r.reason}", file=sys.stderr)
-    table = leaderboard.write(out)
-    report.plot(leaderboard.load_records(out), out)
+    table, _ = _write_leaderboard(out)
     if not args.quiet_table:
         print((out / "leaderboard.md").read_text())
     print(f"leaderboard: {out / 'leaderboard.csv'} ({len(table)} rows); {len(failed)} failed run(s) this time",
           file=sys.stderr)
     return 1 if failed else 0
+
+
+def check_output_folder(out: Path) -> None:
+    """Create ``out/runs`` and write a file there, so that an unusable ``--out`` fails before the first run."""
+    probe = out / "runs" / f".write-test-{os.getpid()}"
+    try:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"output folder {out} cannot be written to ({exc.strerror or exc}: "
+                          f"{exc.filename or probe}); pass another --out.") from None
+
+
+def _write_leaderboard(out: Path):
+    """Leaderboard files and plots from the valid records in ``out``; every file in ``runs/`` that is not a record
+    is reported by path on stderr and skipped. Returns ``(table, corrupt files)``."""
+    from clbench import leaderboard, report
+
+    records, corrupt = record_files.load_dir(out)
+    for problem in corrupt:
+        print(f"warning: {problem}", file=sys.stderr)
+    table = leaderboard.write(out, records)
+    report.plot(records, out)
+    return table, corrupt
 
 
 # ---------------------------------------------------------------------------------------------------------- list
@@ -137,13 +175,12 @@ def _show_config(args: argparse.Namespace) -> int:
 
 
 def _leaderboard(args: argparse.Namespace) -> int:
-    from clbench import leaderboard, report
-
-    table = leaderboard.write(args.out)
-    report.plot(leaderboard.load_records(args.out), args.out)
+    """Exit code 2 when a file in ``runs/`` was not a record (the table is still written from the others)."""
+    table, corrupt = _write_leaderboard(Path(args.out))
     print((Path(args.out) / "leaderboard.md").read_text())
-    print(f"{len(table)} rows -> {Path(args.out) / 'leaderboard.csv'}", file=sys.stderr)
-    return 0
+    print(f"{len(table)} rows -> {Path(args.out) / 'leaderboard.csv'}"
+          + (f"; {len(corrupt)} file(s) in runs/ skipped (see above)" if corrupt else ""), file=sys.stderr)
+    return 2 if corrupt else 0
 
 
 COMMANDS.register("run")(Command("run a suite (the default command)", _add_run_arguments, _run))
@@ -155,7 +192,8 @@ COMMANDS.register("config")(Command(
     lambda p: (p.add_argument("name"), p.add_argument("--preset")), _show_config))
 COMMANDS.register("leaderboard")(Command(
     "rebuild leaderboard.csv/.md and plots from the records in --out",
-    lambda p: p.add_argument("--out", required=True, help="a suite's output folder, e.g. results/quick"),
+    lambda p: p.add_argument("--out", required=True, help="a suite's output folder, e.g. results/quick; exit code 2 "
+                                                        "when a file in its runs/ is not a run record (skipped)"),
     _leaderboard))
 
 
@@ -192,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     _configure_data(args)
     try:
         return COMMANDS.get(args.command).run(args)
-    except (ConfigError, UnknownNameError, FileNotFoundError) as exc:   # DatasetNotFound included
+    except (ConfigError, UnknownNameError, FileNotFoundError, record_files.CorruptRecord) as exc:
+        # DatasetNotFound (a missing dataset, or a ChecksumMismatch) included: every run would fail the same way
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

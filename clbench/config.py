@@ -15,7 +15,11 @@ or one of its named ``PRESETS`` (``cpu`` for 2-core machines, ``full`` for the p
         args: {mem_size: 200}          # optional: fields of the strategy's Config dataclass
         label: replay_200              # optional: row name in the leaderboard (default: name)
 
-Unknown keys anywhere are errors that name the file and the key.
+Everything is checked when the suite loads, before any run starts, and every mistake is a :class:`ConfigError`
+naming the file, the entry and the key: unknown keys (with a suggestion), values of the wrong type or out of range
+for every field, nested ones included (:mod:`clbench.typecheck`: a strategy ``Config``'s annotations, a scenario
+factory's, the chosen model factory's for ``model_args``), ``model``/``head`` names, and names that become file
+names (suite, labels: :data:`SAFE_NAME`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import difflib
 import hashlib
 import inspect
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -33,11 +38,14 @@ from typing import Any
 
 import yaml
 
-from clbench.registry import SCENARIOS, STRATEGIES
+from clbench import typecheck
+from clbench.callbacks import CALLBACKS
+from clbench.registry import MODELS, SCENARIOS, STRATEGIES
 
 
 class ConfigError(ValueError):
-    """A suite file or hyperparameter set that cannot be used as written; the message says what to change."""
+    """A suite file, hyperparameter set or command-line choice that cannot be used as written; the message says
+    what to change. The command line prints it as one line and exits with code 2."""
 
 
 def _suggest(key: str, known: typing.Iterable[str]) -> str:
@@ -56,24 +64,99 @@ def _check_keys(where: str, given: dict, known: typing.Iterable[str]) -> None:
 def build_config(strategy_name: str, preset: str | None = None, overrides: dict | None = None,
                  where: str = "") -> Any:
     """Instantiate ``STRATEGIES.get(strategy_name).Config`` from its defaults, then ``PRESETS[preset]``, then
-    ``overrides``. Unknown fields and presets raise :class:`ConfigError`."""
+    ``overrides``, each value checked against the field's annotation and range (see :func:`checked_overrides`).
+    Unknown fields and presets, wrong types and values raise :class:`ConfigError`."""
+    config_cls, values, _ = _resolve(strategy_name, preset, overrides or {}, where or f"strategy {strategy_name!r}")
+    return _instantiate(config_cls, values, where or f"strategy {strategy_name!r}")
+
+
+def checked_overrides(strategy_name: str, preset: str | None, overrides: dict, where: str) -> dict:
+    """``overrides`` coerced to the types of the strategy's ``Config`` fields (``lr: "1e-3"`` -> ``0.001``),
+    after checking that the whole configuration builds; raises :class:`ConfigError` naming ``where`` and the key."""
+    config_cls, values, checked = _resolve(strategy_name, preset, overrides, where)
+    _instantiate(config_cls, values, where)
+    return checked
+
+
+def _resolve(strategy_name: str, preset: str | None, overrides: dict, where: str) -> tuple[type, dict, dict]:
+    """``(Config class, preset + overrides, overrides)``, every value type- and range-checked."""
     cls = STRATEGIES.get(strategy_name)
     config_cls = cls.Config
     presets: dict[str, dict] = getattr(cls, "PRESETS", {})
-    where = where or f"strategy {strategy_name!r}"
     values: dict[str, Any] = {}
     if preset is not None:
-        if preset not in presets:
+        if not isinstance(preset, str) or preset not in presets:
             raise ConfigError(f"{where}: strategy {strategy_name!r} has no preset {preset!r}."
-                              f"{_suggest(preset, presets)} Presets: {', '.join(presets) or 'none'}.")
-        values.update(presets[preset])
-    values.update(overrides or {})
-    names = [f.name for f in dataclasses.fields(config_cls)]
-    _check_keys(f"{where} args", values, names)
+                              f"{_suggest(str(preset), presets)} Presets: {', '.join(presets) or 'none'}.")
+        values.update(_checked_fields(f"{where}: preset {preset!r}", config_cls, presets[preset]))
+    checked = _checked_fields(f"{where}: args", config_cls, overrides)
+    values.update(checked)
+    return config_cls, values, checked
+
+
+def _instantiate(config_cls: type, values: dict, where: str) -> Any:
     try:
         return config_cls(**values)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:   # the Config's own __post_init__ checks
         raise ConfigError(f"{where}: invalid hyperparameters: {exc}") from exc
+
+
+def _checked_fields(where: str, config_cls: type, values: dict) -> dict:
+    """``values`` (Config field -> value) checked: known fields, annotations and ranges, ``model``/``head`` names
+    (:data:`NAMED_CHOICES`) and ``model_args`` against the model factory's signature."""
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    _check_keys(where, values, fields)
+    try:
+        checked = typecheck.check_values(values, _type_hints(config_cls))
+    except typecheck.TypeMismatch as exc:
+        raise ConfigError(f"{where}.{exc}") from None
+    for name, choices in NAMED_CHOICES.items():
+        value = checked.get(name)
+        if value is not None and value not in choices():
+            raise ConfigError(f"{where}.{name}: unknown {name} {value!r}.{_suggest(str(value), choices())} "
+                              f"Choose one of: {', '.join(choices())}.")
+    if "model_args" in checked:
+        default = fields["model"].default if "model" in fields else "auto"
+        checked["model_args"] = _checked_model_args(f"{where}.model_args", checked.get("model", default),
+                                                    checked["model_args"])
+    return checked
+
+
+def _head_names() -> list[str]:
+    from clbench.models.classifier import HEADS
+
+    return ["auto", *HEADS]
+
+
+# Config fields whose value must be a name from a registry or a fixed set, by field name (every strategy)
+NAMED_CHOICES: dict[str, typing.Callable[[], list[str]]] = {
+    "model": lambda: ["auto", *MODELS.names()],
+    "head": _head_names,
+}
+
+
+def _checked_model_args(where: str, model: str, args: Any) -> dict:
+    """``model_args`` checked against ``MODELS.get(model)``'s keyword parameters and their annotations. With
+    ``model: auto`` the backbone is the scenario's default, known only when the scenario is built: keys must then
+    be a parameter of some registered model (a misspelling is still caught); name the model for a full check."""
+    if not isinstance(args, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {args!r}.")
+    factories = [MODELS.get(model)] if model != "auto" else [MODELS.get(m) for m in MODELS.names()]
+    params = [p for f in factories for p in list(inspect.signature(f).parameters.values())[1:]]
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        _check_keys(where, args, dict.fromkeys(p.name for p in params if p.kind is not p.VAR_POSITIONAL))
+    try:
+        return typecheck.check_values(args, _type_hints(factories[0]) if len(factories) == 1 else {}, ".")
+    except typecheck.TypeMismatch as exc:
+        raise ConfigError(f"{where}{exc}") from None
+
+
+def _type_hints(obj: Any) -> dict[str, Any]:
+    """``typing.get_type_hints(obj)``; an annotation that cannot be resolved is left unchecked."""
+    try:
+        return typing.get_type_hints(obj)
+    except (NameError, TypeError):
+        return {}
 
 
 def config_dict(config: Any) -> dict:
@@ -102,9 +185,11 @@ class ScenarioEntry:
 
 @dataclass(frozen=True)
 class StrategyEntry(ScenarioEntry):
-    """A suite's strategy: a STRATEGIES name, Config overrides (``args``), a label and a preset."""
+    """A suite's strategy: a STRATEGIES name, Config overrides (``args``), a label, a preset and the callbacks
+    attached to its training loops (``{"name": CALLBACKS name, "args": {...}}`` each; part of the run's identity)."""
 
     preset: str | None = None
+    callbacks: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +206,13 @@ class RunSpec:
     @property
     def run_id(self) -> str:
         return f"{self.scenario.key}__{self.strategy.key}__s{self.seed}"
+
+    def code_fingerprint(self) -> str:
+        """A hash of the code this run depends on (:func:`clbench.fingerprint.code_fingerprint`): resume reruns a
+        finished run whose record holds another one."""
+        from clbench.fingerprint import code_fingerprint
+
+        return code_fingerprint(self.strategy.name, self.scenario.name)
 
     def identity(self) -> dict:
         """What makes two runs the same run (device and amp excluded: they do not change the experiment)."""
@@ -165,6 +257,9 @@ class SuiteSpec:
                                       f"It has: {', '.join(sorted(keys))}.")
             return tuple(e for e in entries if e.key in wanted or e.name in wanted)
 
+        if seeds:
+            _check_seeds("--seeds", list(seeds))
+
         return dataclasses.replace(self, scenarios=pick(self.scenarios, scenarios, "scenario"),
                                    strategies=pick(self.strategies, strategies, "strategy"),
                                    seeds=tuple(seeds) if seeds else self.seeds)
@@ -173,7 +268,8 @@ class SuiteSpec:
 # ------------------------------------------------------------------------------------------------------ suite files
 SUITE_KEYS = ("suite", "description", "seeds", "scenarios", "strategies")
 SCENARIO_KEYS = ("name", "args", "label")
-STRATEGY_KEYS = ("name", "preset", "args", "label")
+STRATEGY_KEYS = ("name", "preset", "args", "label", "callbacks")
+CALLBACK_KEYS = ("name", "args")
 
 
 def shipped_suites() -> dict[str, Path]:
@@ -210,12 +306,61 @@ def _entry_list(where: str, raw: Any, keys: tuple[str, ...]) -> list[dict]:
     return out
 
 
-def _check_scenario_args(where: str, name: str, args: dict) -> None:
+def _checked_scenario_args(where: str, name: str, args: dict) -> dict:
+    """``args`` checked against the scenario factory's keyword parameters, their annotations and ranges."""
     factory = SCENARIOS.get(name)
     params = inspect.signature(factory).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    _check_keys(f"{where}.args (scenario {name!r})", args, [p for p in params if p != "seed"])
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        _check_keys(f"{where}: args", args, [p for p in params if p != "seed"])
+    try:
+        return typecheck.check_values(args, _type_hints(factory), "args.")
+    except typecheck.TypeMismatch as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+# Names that become parts of file names (suite -> results/<suite>/, labels -> runs/<scenario>__<strategy>__s0.json)
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+def check_path_name(where: str, key: str, value: Any) -> str:
+    """``value`` if it is a :data:`SAFE_NAME` without ``..`` (leaves its folder) or ``__`` (separates the parts of
+    a run id); else :class:`ConfigError` naming ``where`` and ``key``."""
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value or "__" in value:
+        raise ConfigError(f"{where}: {key!r} {value!r} may contain only letters, digits, '_', '.', '+' and '-', "
+                          f"start with a letter or digit and contain neither '..' nor '__': it becomes part of file "
+                          f"names (results/<suite>/runs/<scenario>__<strategy>__s<seed>.json).")
+    return value
+
+
+def _check_seeds(where: str, seeds: Any) -> None:
+    if not isinstance(seeds, list) or not seeds or not all(type(s) is int and s >= 0 for s in seeds):
+        raise ConfigError(f"{where}: 'seeds' must be a non-empty list of integers >= 0 (not booleans), "
+                          f"got {seeds!r}.")
+
+
+def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
+    """Validate a list of callback entries (``{name, args}``; a bare name is ``{name}``) against :data:`CALLBACKS`
+    and each factory's keyword arguments."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: expected a list of callbacks, each {{name: ..., args: {{...}}}}, got {raw!r}.")
+    out = []
+    for i, item in enumerate(raw):
+        item = {"name": item} if isinstance(item, str) else item
+        if not isinstance(item, dict) or "name" not in item:
+            raise ConfigError(f"{where}[{i}]: each callback needs a 'name' (got {item!r}).")
+        _check_keys(f"{where}[{i}]", item, CALLBACK_KEYS)
+        try:
+            factory = CALLBACKS.get(item["name"])
+        except KeyError as exc:
+            raise ConfigError(f"{where}[{i}]: {exc}") from None
+        args = item.get("args", {})
+        if not isinstance(args, dict):
+            raise ConfigError(f"{where}[{i}].args: expected a mapping, got {args!r}.")
+        params = inspect.signature(factory).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            _check_keys(f"{where}[{i}].args (callback {item['name']!r})", args, list(params))
+        out.append({"name": item["name"], "args": dict(args)})
+    return tuple(out)
 
 
 def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
@@ -226,9 +371,9 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
     for required in ("suite", "scenarios", "strategies"):
         if required not in data:
             raise ConfigError(f"{source}: missing required key {required!r}.")
+    name = check_path_name(source, "suite", data["suite"])
     seeds = data.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
-        raise ConfigError(f"{source}: 'seeds' must be a non-empty list of integers, got {seeds!r}.")
+    _check_seeds(source, seeds)
 
     scenarios = []
     for i, item in enumerate(_entry_list(f"{source}: scenarios", data["scenarios"], SCENARIO_KEYS)):
@@ -236,9 +381,10 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
             SCENARIOS.get(item["name"])
         except KeyError as exc:
             raise ConfigError(f"{source}: scenarios[{i}]: {exc}") from None
-        _check_scenario_args(f"{source}: scenarios[{i}]", item["name"], item.get("args", {}))
-        scenarios.append(ScenarioEntry(name=item["name"], args=dict(item.get("args", {})),
-                                       label=item.get("label", "")))
+        where = f"{source}: scenarios[{i}] ({item['name']})"
+        _check_entry_names(where, item)
+        scenarios.append(ScenarioEntry(name=item["name"], label=item.get("label", ""),
+                                       args=_checked_scenario_args(where, item["name"], item.get("args", {}))))
 
     strategies = []
     for i, item in enumerate(_entry_list(f"{source}: strategies", data["strategies"], STRATEGY_KEYS)):
@@ -247,9 +393,11 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
             STRATEGIES.get(item["name"])
         except KeyError as exc:
             raise ConfigError(f"{source}: strategies[{i}]: {exc}") from None
-        build_config(item["name"], item.get("preset"), item.get("args", {}), where=where)
+        _check_entry_names(where, item)
+        args = checked_overrides(item["name"], item.get("preset"), item.get("args", {}), where)
         strategies.append(StrategyEntry(name=item["name"], preset=item.get("preset"),
-                                        args=dict(item.get("args", {})), label=item.get("label", "")))
+                                        args=args, label=item.get("label", ""),
+                                        callbacks=parse_callbacks(f"{where}.callbacks", item.get("callbacks", []))))
 
     for kind, entries in (("scenario", scenarios), ("strategy", strategies)):
         keys = [e.key for e in entries]
@@ -257,8 +405,16 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         if dupes:
             raise ConfigError(f"{source}: {kind} {dupes[0]!r} appears twice; give the entries distinct 'label's.")
 
-    return SuiteSpec(name=str(data["suite"]), scenarios=tuple(scenarios), strategies=tuple(strategies),
+    return SuiteSpec(name=name, scenarios=tuple(scenarios), strategies=tuple(strategies),
                      seeds=tuple(seeds), description=str(data.get("description", "")), source=source)
+
+
+def _check_entry_names(where: str, item: dict) -> None:
+    """The entry's row key (its label, else its name) is used in file names."""
+    if item.get("label"):
+        check_path_name(where, "label", item["label"])
+    else:
+        check_path_name(where, "name", item["name"])
 
 
 def load_suite(suite: str | Path) -> SuiteSpec:

@@ -38,12 +38,25 @@ def cpu_model() -> str:
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cuda`` without a GPU is an error."""
+    """``auto`` -> ``cuda`` when available, else ``cpu``. Anything but ``cpu``, ``cuda[:N]`` with that GPU present
+    or ``mps`` where available raises :class:`~clbench.config.ConfigError` (the CLI checks it before any run)."""
+    from clbench.config import ConfigError
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto.")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"--device {device!r} is not a device: use auto, cpu, cuda or cuda:N.")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device} was asked for but torch sees no CUDA device; use --device cpu or auto.")
+    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s), numbered from 0.")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {device}: MPS is not available here; use --device cpu or auto.")
+    return resolved
 
 
 def describe_machine(device: torch.device) -> str:

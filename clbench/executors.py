@@ -5,20 +5,25 @@ task pool the executor installs around its runs (:mod:`clbench.tasks`): with ``s
 many spawned processes (``local``) or nested Ray tasks (``ray``); in the run's process otherwise. The pool does not
 change results.
 
-Both executors resume: a run whose record exists with status ``finished`` and the same identity hash (same suite,
-scenario, strategy, resolved hyperparameters and seed) is skipped. Failed runs and runs whose configuration changed
-are run again. Records are written atomically as each run ends, so an interrupted suite loses only the run in
-progress.
+Both executors resume: a run whose record exists with status ``finished``, the same identity hash (same suite,
+scenario, strategy, resolved hyperparameters and seed) and the same code fingerprint (:mod:`clbench.fingerprint`:
+the source of the strategy, the scenario and the core they use) is skipped. Runs that are new, failed, made with
+another configuration, made by other code or whose record is unreadable are run again; one line on stderr says how
+many of each (``resuming: 10 of 12 runs already finished in results/quick; running 2: 2 made by other code``).
+``force=True`` (``--force``) runs everything again. Records are written atomically as each run ends, so an
+interrupted suite loses only the run in progress.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import sys
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
 from clbench import progress, tasks
+from clbench import records as record_files
 from clbench.config import RunSpec, config_hash
 from clbench.registry import Registry
 from clbench.runner import RunRecord, record_path, run
@@ -26,34 +31,59 @@ from clbench.runner import RunRecord, record_path, run
 log = logging.getLogger(__name__)
 EXECUTORS: Registry = Registry("executor")
 
+# why a run is (re)run -> how the resume line says it
+REASONS = {"new": "new", "failed": "failed before", "config": "made with another configuration",
+           "code": "made by other code (code fingerprint differs)", "corrupt": "with an unreadable record"}
 
-def is_done(spec: RunSpec, out_dir: str | Path) -> bool:
-    """True when ``spec``'s record exists, finished, and was produced by the same configuration."""
+
+def record_status(spec: RunSpec, out_dir: str | Path) -> str:
+    """``"done"`` when ``spec``'s record exists, finished, with the same identity and code fingerprint; otherwise
+    why the run must run: a key of :data:`REASONS`."""
     path = record_path(out_dir, spec.run_id)
     if not path.exists():
-        return False
+        return "new"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return data.get("status") == "finished" and data.get("identity_hash") == config_hash(spec.identity())
+        data = record_files.read(path)
+    except record_files.CorruptRecord:
+        return "corrupt"
+    if data["status"] != "finished":
+        return "failed"
+    if data.get("identity_hash") != config_hash(spec.identity()):
+        return "config"
+    return "done" if data.get("code_fingerprint") == spec.code_fingerprint() else "code"
 
 
-def pending(specs: Iterable[RunSpec], out_dir: str | Path) -> list[RunSpec]:
-    return [s for s in specs if not is_done(s, out_dir)]
+def is_done(spec: RunSpec, out_dir: str | Path) -> bool:
+    return record_status(spec, out_dir) == "done"
+
+
+def pending(specs: Iterable[RunSpec], out_dir: str | Path, force: bool = False) -> list[RunSpec]:
+    """The specs to run, and one line on stderr about the others (printed whatever the log level)."""
+    specs = list(specs)
+    status = {s.run_id: record_status(s, out_dir) for s in specs}
+    done = sum(v == "done" for v in status.values())
+    if force:
+        if any(v != "new" for v in status.values()):
+            print(f"--force: running all {len(specs)} runs again in {out_dir}", file=sys.stderr)
+        return specs
+    todo = [s for s in specs if status[s.run_id] != "done"]
+    counts = Counter(status[s.run_id] for s in todo)
+    if done or set(counts) - {"new"}:
+        rerun = ", ".join(f"{counts[k]} {text}" for k, text in REASONS.items() if counts[k])
+        print(f"resuming: {done} of {len(specs)} runs already finished in {out_dir}"
+              + (f"; running {len(todo)}: {rerun}" if todo else ""), file=sys.stderr)
+    return todo
 
 
 @EXECUTORS.register("local")
 class LocalExecutor:
     """Runs specs one after the other in this process; their shard members in ``shard_workers`` processes."""
 
-    def __init__(self, shard_workers: int = 1, **_: object) -> None:
-        self.shard_workers = shard_workers
+    def __init__(self, shard_workers: int = 1, force: bool = False, **_: object) -> None:
+        self.shard_workers, self.force = shard_workers, force
 
     def run_all(self, specs: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
-        todo = pending(specs, out_dir)
-        if len(todo) < len(specs):
-            log.info("resuming: %d of %d runs already finished in %s", len(specs) - len(todo), len(specs), out_dir)
+        todo = pending(specs, out_dir, self.force)
         records = []
         bar = progress.bar(todo, desc="runs", level="runs")
         try:
@@ -77,7 +107,7 @@ class RayExecutor:
     tasks (at most ``shard_workers`` in flight per run)."""
 
     def __init__(self, address: str | None = None, num_cpus: float = 1, num_gpus: float = 0, shard_workers: int = 1,
-                 **_: object) -> None:
+                 force: bool = False, **_: object) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -87,10 +117,10 @@ class RayExecutor:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
         self.remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_run_remote)
-        self.shard_workers = shard_workers
+        self.shard_workers, self.force = shard_workers, force
 
     def run_all(self, specs: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
-        todo = pending(specs, out_dir)
+        todo = pending(specs, out_dir, self.force)
         from clbench.data.roots import download_enabled, search_roots
 
         data = {"data_root": str(search_roots()[0]), "download": download_enabled()}   # --data-root/--download

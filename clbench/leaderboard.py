@@ -1,39 +1,129 @@
-"""RunRecords -> leaderboard: one row per (suite, scenario, strategy), mean and sample std over seeds.
+"""RunRecords -> leaderboard: one row per run identity, mean and sample std over seeds.
+
+A row holds only records of the same identity — the same suite, scenario (name and arguments), strategy (name,
+resolved hyperparameters as stored in the record's ``strategy_config``, callbacks) and code (``code_fingerprint``):
+everything but the seed. Records written under one (suite, scenario, strategy) label with different identities,
+e.g. two runs of a suite with ``mem_size: 200`` (seed 0) and ``mem_size: 20`` (seed 1) into one ``--out``, become
+distinct rows labelled by the keys that differ: ``replay [mem_size=20]`` and ``replay [mem_size=200]`` (scenario
+arguments label the scenario column, ``code=<fingerprint>`` marks records of different code).
 
 Written as ``leaderboard.csv`` and ``leaderboard.md`` beside the ``runs/`` folder. Accuracies and forgetting are
 percentages; ``params_M`` is the final parameter count in millions, ``params_added_M`` its growth from the first
 to the last step; ``train_s``/``peak_mem_MB`` are per run. Extra strategy metrics (``metrics.extra``) become
-columns of their own. Failed runs are counted in ``n_failed`` and left out of the means.
+columns of their own. Failed runs are counted in ``n_failed`` and left out of the means; the std of one seed is
+undefined (empty in the CSV, "–" in the markdown). ``overrides`` are the suite's ``args`` of the row's strategy.
+Rows are sorted by suite, scenario and then the primary metric (:data:`PRIMARY`), best first.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from clbench import records as record_files
+
+log = logging.getLogger(__name__)
+
+# The metric columns, which of them get a std over seeds, which are shown in the markdown and how, and the primary
+# metric (rows sort by the first of PRIMARY a row has: avg_inc_acc is undefined for offline runs such as joint).
 METRICS = ("avg_inc_acc", "last_acc", "forgetting", "bwt", "fwt", "params_M", "params_added_M",
            "trainable_params_M", "train_s", "eval_s", "peak_mem_MB")
 WITH_STD = ("avg_inc_acc", "last_acc", "forgetting", "bwt")
+MARKDOWN_COST = {"params_M": "{:.3f}", "params_added_M": "{:.3f}", "train_s": "{:.1f}", "peak_mem_MB": "{:.1f}"}
+PRIMARY = ("avg_inc_acc", "last_acc")
 KEYS = ("suite", "scenario", "strategy")
 
 
 def load_records(out_dir: str | Path) -> list[dict]:
-    """Every run record (JSON) in ``<out_dir>/runs``, sorted by run id."""
-    runs = Path(out_dir) / "runs"
-    if not runs.is_dir():
-        raise FileNotFoundError(f"no run records in {runs}: run a suite first (python run_bench.py --suite NAME).")
-    return [json.loads(p.read_text()) for p in sorted(runs.glob("*.json"))]
+    """Every run record in ``<out_dir>/runs``, sorted by file name; a file that is not one is logged (by path) and
+    left out (:mod:`clbench.records`)."""
+    records, corrupt = record_files.load_dir(out_dir)
+    for problem in corrupt:
+        log.warning("%s", problem)
+    return records
 
 
-def _flat(record: dict) -> dict:
+# --------------------------------------------------------------------------------------------------------- identity
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+
+def identity(record: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """``(scenario part, strategy part)`` of the record's identity as flat ``{key: JSON value}`` maps (the seed,
+    device and labels are not part of it)."""
     spec = record["spec"]
-    row = {"suite": spec["suite"], "scenario": spec["scenario"].get("label") or spec["scenario"]["name"],
-           "strategy": spec["strategy"].get("label") or spec["strategy"]["name"],
-           "preset": spec["strategy"].get("preset") or "default", "seed": record["seed"],
-           "status": record["status"], "machine": record.get("env", {}).get("machine", "")}
+    scenario: dict[str, str] = {}
+    _flatten("", {"name": spec["scenario"]["name"], **(spec["scenario"].get("args") or {})}, scenario)
+    strategy_spec = spec["strategy"]
+    resolved = record.get("strategy_config") or {"preset": strategy_spec.get("preset"),
+                                                 **(strategy_spec.get("args") or {})}
+    others = {k: v for k, v in strategy_spec.items() if k not in ("name", "label", "preset", "args") and v}
+    strategy: dict[str, str] = {}
+    _flatten("", {"name": strategy_spec["name"], **resolved, **others}, strategy)
+    strategy["code"] = json.dumps(record.get("code_fingerprint") or "unknown")
+    return scenario, strategy
+
+
+def _labels(records: list[dict]) -> list[tuple[str, str]]:
+    """``(scenario label, strategy label)`` per record: the entries' labels, plus ``[key=value, ...]`` for the
+    identity keys that differ between records sharing a label."""
+    base = [(r["spec"]["scenario"].get("label") or r["spec"]["scenario"]["name"],
+             r["spec"]["strategy"].get("label") or r["spec"]["strategy"]["name"]) for r in records]
+    ids = [identity(r) for r in records]
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, (r, b) in enumerate(zip(records, base)):
+        groups[(r["spec"]["suite"], *b)].append(i)
+    labels = list(base)
+    for members in groups.values():
+        for part in (0, 1):
+            keys = sorted({k for i in members for k in ids[i][part]})
+            differing = [k for k in keys if len({ids[i][part].get(k) for i in members}) > 1]
+            if not differing:
+                continue
+            for i in members:
+                tag = ", ".join(f"{k}={_short(k, ids[i][part].get(k))}" for k in differing)
+                labels[i] = tuple(f"{labels[i][p]} [{tag}]" if p == part else labels[i][p] for p in (0, 1))
+    return labels
+
+
+def _short(key: str, value: str | None) -> str:
+    """A JSON value as it reads in a label: strings unquoted, code fingerprints cut to 7 digits, "–" if absent."""
+    if value is None:
+        return "–"
+    decoded = json.loads(value)
+    if not isinstance(decoded, str):
+        return value
+    return decoded[:7] if key == "code" else decoded
+
+
+def _overrides(record: dict) -> str:
+    """The suite's ``args`` of the record's strategy as ``key=value, ...`` ("–" when none)."""
+    args = record["spec"]["strategy"].get("args") or {}
+    return ", ".join(f"{k}={_plain(v)}" for k, v in args.items()) or "–"
+
+
+def _plain(value: Any) -> str:
+    """``value`` as YAML flow style would show it: ``adamw``, ``[0, 0.5]``, ``{embed_dim: 64}``."""
+    return json.dumps(value, default=str).replace('"', "")
+
+
+# ------------------------------------------------------------------------------------------------------------ table
+def _flat(record: dict, scenario: str, strategy: str) -> dict:
+    spec = record["spec"]
+    row = {"suite": spec["suite"], "scenario": scenario, "strategy": strategy,
+           "preset": spec["strategy"].get("preset") or "default", "overrides": _overrides(record),
+           "seed": record["seed"], "status": record["status"], "machine": record.get("env", {}).get("machine", ""),
+           "code_fingerprint": record.get("code_fingerprint") or ""}
     metrics = record.get("metrics", {})
     row.update({m: metrics.get(m) for m in METRICS})
     row.update({f"x_{k}": v for k, v in (metrics.get("extra") or {}).items() if isinstance(v, (int, float))})
@@ -41,58 +131,62 @@ def _flat(record: dict) -> dict:
 
 
 def build(records: list[dict]) -> pd.DataFrame:
-    """The leaderboard table (see module docstring for the columns)."""
+    """The leaderboard table (see the module docstring for rows and columns)."""
     if not records:
         return pd.DataFrame(columns=[*KEYS, "n_seeds"])
-    flat = pd.DataFrame([_flat(r) for r in records])
+    flat = pd.DataFrame([_flat(r, *labels) for r, labels in zip(records, _labels(records))])
     extra = sorted(c for c in flat.columns if c.startswith("x_"))
     rows = []
     for key, group in flat.groupby(list(KEYS), sort=False):
         ok = group[group["status"] == "finished"]
         row = dict(zip(KEYS, key))
         row.update(n_seeds=len(ok), n_failed=int((group["status"] != "finished").sum()),
-                   preset=",".join(sorted(set(group["preset"]))))
+                   preset=",".join(sorted(set(group["preset"]))), overrides=" | ".join(sorted(set(group["overrides"]))))
         for m in (*METRICS, *extra):
             values = pd.to_numeric(ok[m], errors="coerce").dropna() if m in ok else pd.Series(dtype=float)
             name = m[2:] if m.startswith("x_") else m
             row[name] = float(values.mean()) if len(values) else np.nan
             if m in WITH_STD or m.startswith("x_"):
-                row[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else (0.0 if len(values) else
-                                                                                         np.nan)
+                row[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else np.nan
         row["machine"] = "; ".join(sorted(set(ok["machine"]))) if len(ok) else ""
+        row["code_fingerprint"] = "; ".join(sorted(set(group["code_fingerprint"]) - {""}))
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    primary = table[list(PRIMARY)].bfill(axis=1).iloc[:, 0]
+    order = sorted(range(len(table)), key=lambda i: (table["suite"][i], table["scenario"][i],
+                                                     -primary[i] if not pd.isna(primary[i]) else np.inf,
+                                                     table["strategy"][i]))
+    return table.iloc[order].reset_index(drop=True)
 
 
 def to_markdown(table: pd.DataFrame, title: str = "") -> str:
-    """A compact markdown table: mean ± std for accuracies, then cost columns."""
+    """A compact markdown table: labels and overrides, mean ± std (– for one seed) for accuracies, then costs."""
     def pm(row, m):
         if pd.isna(row.get(m)):
             return "–"
         std = row.get(f"{m}_std")
-        return f"{row[m]:.2f} ± {std:.2f}" if not pd.isna(std) else f"{row[m]:.2f}"
+        return f"{row[m]:.2f} ± {'–' if pd.isna(std) else f'{std:.2f}'}"
 
-    header = ["scenario", "strategy", "preset", "seeds", "avg_inc_acc", "last_acc", "forgetting", "bwt",
-              "params_M", "params_added_M", "train_s", "peak_mem_MB"]
+    header = ["suite", "scenario", "strategy", "preset", "overrides", "seeds", *WITH_STD, *MARKDOWN_COST]
     lines = [f"# {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, r in table.iterrows():
-        cost = [f"{r[c]:.3f}" if c.startswith("params") else f"{r[c]:.1f}"
-                for c in ("params_M", "params_added_M", "train_s", "peak_mem_MB")]
-        lines.append("| " + " | ".join([str(r["scenario"]), str(r["strategy"]), str(r["preset"]),
-                                         f"{r['n_seeds']}" + (f" ({r['n_failed']} failed)" if r["n_failed"] else ""),
-                                         *(pm(r, m) for m in ("avg_inc_acc", "last_acc", "forgetting", "bwt")),
-                                         *cost]) + " |")
+        seeds = f"{r['n_seeds']}" + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
+        cost = ["–" if pd.isna(r[c]) else fmt.format(r[c]) for c, fmt in MARKDOWN_COST.items()]
+        cells = [str(r["suite"]), str(r["scenario"]), str(r["strategy"]), str(r["preset"]), str(r["overrides"]),
+                 seeds, *(pm(r, m) for m in WITH_STD), *cost]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     machines = sorted({m for m in table.get("machine", []) if m})
     if machines:
         lines += ["", "Machine: " + "; ".join(machines)]
     return "\n".join(lines) + "\n"
 
 
-def write(out_dir: str | Path) -> pd.DataFrame:
-    """Rebuild ``leaderboard.csv`` and ``leaderboard.md`` in ``out_dir`` from its records; returns the table."""
+def write(out_dir: str | Path, records: list[dict] | None = None) -> pd.DataFrame:
+    """Rebuild ``leaderboard.csv`` and ``leaderboard.md`` in ``out_dir`` from ``records`` (default: its
+    :func:`load_records`); returns the table."""
     out_dir = Path(out_dir)
-    table = build(load_records(out_dir))
+    table = build(load_records(out_dir) if records is None else records)
     table.to_csv(out_dir / "leaderboard.csv", index=False, float_format="%.4f")
     suites = ", ".join(sorted(set(table["suite"]))) if len(table) else ""
     (out_dir / "leaderboard.md").write_text(to_markdown(table, f"Leaderboard: {suites}"))

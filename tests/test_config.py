@@ -28,7 +28,7 @@ def test_valid_suite_expands_to_run_specs():
     (lambda d: d.update(seeds="0"), r"'seeds' must be a non-empty list of integers"),
     (lambda d: d.pop("strategies"), r"missing required key 'strategies'"),
     (lambda d: d["strategies"].append({"name": "naive"}), r"'naive' appears twice"),
-    (lambda d: d["strategies"][0]["args"].update(epochs=0), r"invalid hyperparameters"),
+    (lambda d: d["strategies"][0]["args"].update(epochs=0), r"args\.epochs: 0 is out of range: epochs must be >= 1"),
     (lambda d: d["strategies"][0]["args"].update(optimizer="lbfgs"), r"optimizer must be one of"),
 ])
 def test_malformed_suites_raise_clear_errors(mutate, match):

@@ -8,11 +8,12 @@ after which every scenario finds its data through :func:`load` / :func:`locate`,
 the ``data_root`` argument or the configured one, ``$CLBENCH_DATA``, ``~/.cache/clbench``, ``/usr/share/datasets``.
 Nothing is ever downloaded unless ``download=True`` was configured; a missing dataset raises
 :class:`DatasetNotFound` naming every path searched, the files expected and how to fix it, and a known file with
-the wrong content raises :class:`ChecksumMismatch`. ``clbench.data.search_roots()`` lists the roots in order.
+the wrong content raises :class:`ChecksumMismatch` (a :class:`DatasetNotFound` too: either stops a suite once, before
+its next run). ``clbench.data.search_roots()`` lists the roots in order.
 
-Modules: ``roots`` (search order, settings), ``checksums`` (content md5), ``readers`` (idx, npz, CIFAR pickle,
-image folders, class lists), ``catalog`` (known datasets: layouts, checksums, :func:`load`, the in-memory cache of
-the last datasets read), ``download`` (torchvision's download code), ``orders`` (DER/DyTox class orders),
+Modules: ``roots`` (search order, settings), ``errors``, ``checksums`` (content md5), ``readers`` (idx, npz, CIFAR
+pickle, image folders, class lists), ``catalog`` (known datasets: layouts, checksums, :func:`load`, the in-memory
+cache of the last datasets read), ``download`` (torchvision's download code), ``orders`` (DER/DyTox class orders),
 ``tensors`` (uint8 arrays -> normalized tensors -> class-incremental scenario). Set-up guide: ``docs/data.md``.
 """
 
@@ -20,7 +21,6 @@ from clbench.data.catalog import (
     CIFAR100,
     FASHION_MNIST,
     MNIST,
-    DatasetNotFound,
     DatasetSpec,
     Layout,
     SplitArrays,
@@ -28,7 +28,7 @@ from clbench.data.catalog import (
     load,
     locate,
 )
-from clbench.data.checksums import ChecksumMismatch
+from clbench.data.errors import ChecksumMismatch, DatasetNotFound
 from clbench.data.roots import configure, search_roots
 
 __all__ = ["CIFAR100", "FASHION_MNIST", "MNIST", "ChecksumMismatch", "DatasetNotFound", "DatasetSpec", "Layout",

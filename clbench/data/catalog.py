@@ -19,6 +19,7 @@ import numpy as np
 
 from clbench.data import download, readers
 from clbench.data.checksums import verify
+from clbench.data.errors import DatasetNotFound
 from clbench.data.roots import ENV_VAR, download_enabled, download_root, search_roots
 
 PathLike = str | os.PathLike
@@ -70,18 +71,16 @@ class DatasetSpec:
     how_to_get: str = ""          # shown when there is no automatic download
 
 
-class DatasetNotFound(FileNotFoundError):
-    """No data root holds the dataset; the message names every path searched and the files expected."""
-
-    def __init__(self, spec: DatasetSpec, roots: Sequence[Path], data_root: PathLike | None) -> None:
-        searched = dict.fromkeys(str(root / layout.folder) for root in roots for layout in spec.layouts)
-        expected = " or ".join(layout.describe() for layout in spec.layouts)
-        fetch = (f", or rerun with --download (fetches it into {download_root(data_root)})" if spec.download
-                 else f" (no automatic download: {spec.how_to_get})")
-        super().__init__(
-            f"dataset {spec.name!r} not found. Searched:\n" + "".join(f"  {p}\n" for p in searched)
-            + f"Expected under a data root: {expected}.\n"
-            f"To fix: set {ENV_VAR}=<a root holding it>, pass --data-root <root>{fetch}.")
+def not_found(spec: DatasetSpec, roots: Sequence[Path], data_root: PathLike | None) -> DatasetNotFound:
+    """The error for a dataset no data root holds: it names every path searched and the files expected."""
+    searched = dict.fromkeys(str(root / layout.folder) for root in roots for layout in spec.layouts)
+    expected = " or ".join(layout.describe() for layout in spec.layouts)
+    fetch = (f", or rerun with --download (fetches it into {download_root(data_root)})" if spec.download
+             else f" (no automatic download: {spec.how_to_get})")
+    return DatasetNotFound(
+        f"dataset {spec.name!r} not found. Searched:\n" + "".join(f"  {p}\n" for p in searched)
+        + f"Expected under a data root: {expected}.\n"
+        f"To fix: set {ENV_VAR}=<a root holding it>, pass --data-root <root>{fetch}.")
 
 
 def locate(spec: DatasetSpec, data_root: PathLike | None = None) -> tuple[Layout, dict[str, Path]]:
@@ -94,7 +93,7 @@ def locate(spec: DatasetSpec, data_root: PathLike | None = None) -> tuple[Layout
         spec.download(target)
         hit = _first_hit(spec, [target])
     if hit is None:
-        raise DatasetNotFound(spec, roots, data_root)
+        raise not_found(spec, roots, data_root)
     layout, paths = hit
     for name, md5 in layout.files.items():
         if md5 is not None:

@@ -12,13 +12,11 @@ import gzip
 import hashlib
 from pathlib import Path
 
+from clbench.data.errors import ChecksumMismatch
+
 _CHUNK = 1 << 20
 _verified: dict[tuple[str, int, int], str] = {}
 _FIX = "Delete it and fetch an official copy (rerun with --download, or place the official file there yourself)."
-
-
-class ChecksumMismatch(ValueError):
-    """A known file whose content is not the expected one (truncated, corrupted or a different version)."""
 
 
 def content_md5(path: Path) -> str:

@@ -13,8 +13,9 @@
     python run_bench.py forget --run ... --touch half --mode retrain --shard-workers 2   # retrain shards in parallel
 
 ``forget`` writes one removal record per request to ``<suite out>/removals/<run_id>__<mode>__<tag>.json`` (shards
-touched, sample ids, weight hashes before/after, seconds, accuracy before/after) and appends a row to
-``<suite out>/removals.md``.
+touched, the ids asked, ``removed_ids``: exactly the samples dropped — whole shards with ``subtract`` —, weight
+hashes before/after, seconds, accuracy before/after) and appends a row to ``<suite out>/removals.md``. Ids that are
+not training samples of the run, an empty ids file or a shard count out of range are refused before any work.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from clbench import records as record_files
 from clbench import tasks
 from clbench.cli import Command
-from clbench.config import RunSpec
+from clbench.config import ConfigError, RunSpec, check_path_name
+from clbench.environment import resolve_device
 from clbench.models.checkpoint import save_weights
 from clbench.registry import COMMANDS, MODELS, SCENARIOS
-from clbench.tangent.train import OPTIMIZERS, FitSettings
+from clbench.training import FitSettings
 
 
 # ------------------------------------------------------------------------------------------------------- pretrain
@@ -72,7 +75,7 @@ def pretrain(args: argparse.Namespace) -> int:
     train = torch.utils.data.ConcatDataset([scenario.train_stream[t].dataset.train() for t in args.experiences])
     classes = torch.tensor([c for t in args.experiences for c in scenario.info.class_range(t)])
     settings = FitSettings(args.epochs, args.batch_size, args.lr, "adamw", args.weight_decay)
-    optimizer = OPTIMIZERS["adamw"](model.parameters(), settings)
+    optimizer = settings.make_optimizer(model.parameters())
     steps = args.epochs * -(-len(train) // args.batch_size)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.lr, total_steps=steps, pct_start=0.1)
     start = time.perf_counter()
@@ -109,14 +112,18 @@ def _add_forget_arguments(p: argparse.ArgumentParser) -> None:
                    help="retrain up to N touched shards at once in spawned processes (same result as 1)")
 
 
-def _touch_requests(strategy, values: list[str], per_shard: int, seed: int) -> dict[str, list[int]]:
-    """``{tag: ids}``: ``per_shard`` random ids from each of K random shards, for every K in ``values``."""
-    shard_ids = strategy.shard_ids()
+def _touch_requests(shard_ids: dict[int, list[int]], values: list[str], per_shard: int,
+                    seed: int) -> dict[str, list[int]]:
+    """``{tag: ids}``: ``per_shard`` random ids from each of K random shards, for every K in ``values`` (an integer
+    from 1 to the number of shards, or ``half``)."""
     keys = sorted(shard_ids)
     generator = torch.Generator().manual_seed(seed)
     requests = {}
     for value in values:
-        k = len(keys) // 2 if value == "half" else int(value)
+        k = len(keys) // 2 if value == "half" else int(value) if value.lstrip("-").isdigit() else 0
+        if not 1 <= k <= len(keys):
+            raise ConfigError(f"--touch {value}: the run has {len(keys)} shards; give a number of shards from 1 to "
+                              f"{len(keys)}, or 'half' (at least 2 shards).")
         chosen = [keys[i] for i in torch.randperm(len(keys), generator=generator)[:k].tolist()]
         ids = []
         for key in chosen:
@@ -130,25 +137,51 @@ def _overall(accuracies: list[float], sizes: list[int]) -> float:
     return 100.0 * sum(a * n for a, n in zip(accuracies, sizes)) / sum(sizes)
 
 
-def forget(args: argparse.Namespace) -> int:
-    """Rebuild the run's scenario and strategy, load its saved state, remove the ids, re-evaluate, record."""
-    from clbench.runner import RunRecord, build_scenario, build_strategy, evaluate, seed_everything
+def _ids_request(path: str, held: set[int]) -> dict[str, list[int]]:
+    """``{file stem: ids}`` from a file of whitespace-separated ids, each a training sample the run still holds."""
+    tag = check_path_name("--ids", "file name", Path(path).stem)
+    ids = []
+    for token in Path(path).read_text().split():
+        if not token.lstrip("-").isdigit():
+            raise ConfigError(f"--ids {path}: {token!r} is not an integer sample id.")
+        ids.append(int(token))
+    if not ids:
+        raise ConfigError(f"--ids {path}: no sample ids in the file; nothing to remove.")
+    unknown = sorted(set(ids) - held)
+    if unknown:
+        raise ConfigError(f"--ids {path}: {len(unknown)} id(s) not in the training set of the run (ids 0 to "
+                          f"{max(held)} held by its shards): {', '.join(map(str, unknown[:10]))}"
+                          f"{' ...' if len(unknown) > 10 else ''}.")
+    return {tag: ids}
 
+
+def forget(args: argparse.Namespace) -> int:
+    """Rebuild the run's scenario and strategy, load its saved state, remove the ids, re-evaluate, record.
+    Every request is checked before the first is served: unknown ids, an empty ids file, a number of shards out of
+    range or a bad flag is one line and exit code 2, and nothing is written."""
+    from clbench.runner import RunRecord, build_scenario, build_strategy, seed_everything
+
+    for flag in ("per_shard", "shard_workers"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}.")
+    device = resolve_device(args.device)
+    record_files.read(args.run)                     # a corrupt or foreign file: one line, exit code 2
     record = RunRecord.load(args.run)
     if not record.state_dir:
-        raise SystemExit(f"{args.run} has no saved strategy state (its strategy has no save_state).")
+        raise ConfigError(f"{args.run} has no saved strategy state (status {record.status}; only finished runs of "
+                          f"a strategy with save_state, such as taft_shards, model_soup and sisa, have one).")
     spec = RunSpec.from_dict(record.spec)
-    device = torch.device(args.device)
     seed_everything(spec.seed)
     scenario = build_scenario(spec)
     experiences = list(scenario.train_stream)
     last = len(experiences) - 1
+    probe = build_strategy(spec, scenario.info, device)
+    probe.load_state(record.state_dir)
+    shard_ids = probe.shard_ids()
     if args.ids:
-        requests = {Path(args.ids).stem: [int(i) for i in Path(args.ids).read_text().split()]}
+        requests = _ids_request(args.ids, {i for ids in shard_ids.values() for i in ids})
     else:
-        probe = build_strategy(spec, scenario.info, device)
-        probe.load_state(record.state_dir)
-        requests = _touch_requests(probe, args.touch, args.per_shard, spec.seed)
+        requests = _touch_requests(shard_ids, args.touch, args.per_shard, spec.seed)
     out = Path(args.run).parent.parent
     before = _overall(record.accuracy_matrix[-1], record.test_sizes)
     with tasks.using(tasks.make_pool("process", args.shard_workers)):
@@ -158,7 +191,8 @@ def forget(args: argparse.Namespace) -> int:
                 strategy = build_strategy(spec, scenario.info, device)
                 strategy.load_state(record.state_dir)
                 removal = strategy.forget(ids, mode, experiences)
-                accuracies, sizes = evaluate(strategy, scenario, last, device)
+                scores = scenario.evaluator(strategy, scenario, last, device)
+                accuracies, sizes = scores.rows["accuracy"], scores.sizes
                 row = {"run_id": record.run_id, "strategy": spec.strategy.key, "request": tag, **removal.to_dict(),
                        "accuracy_before": before, "accuracy_after": _overall(accuracies, sizes)}
                 path = out / "removals" / f"{record.run_id}__{mode}__{tag}.json"

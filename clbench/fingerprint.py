@@ -1,0 +1,116 @@
+"""The code a run depends on, as one short hash stored in its record (resume reruns a record whose code changed).
+
+:func:`code_fingerprint` hashes the strategy's module, the scenario's module and the runner core (:data:`CORE`),
+with every module of the ``clbench`` package they import, transitively — found by reading their import statements,
+not by importing them, so the plugin modules the registry loads by name stay out — and every model module
+(:data:`LOOKED_UP`: backbones are found by name through ``MODELS``, so no import leads to them). Modules that cannot
+change a run's numbers are left out (:data:`EXCLUDED`: the command line, leaderboard, report, progress bars,
+executors).
+
+A module counts by its code: the hash is taken over its syntax tree with the docstrings removed, so editing a
+comment, a docstring or the formatting does not make records stale; changing an expression does.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.util
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+PACKAGE = "clbench"
+CORE = ("clbench.runner",)          # with what it imports: config, metrics, evaluation, data, environment...
+LOOKED_UP = ("clbench.models",)     # packages whose modules are reached through a registry: all of them count
+EXCLUDED = frozenset({"clbench.cli", "clbench.executors", "clbench.leaderboard", "clbench.report",
+                      "clbench.progress", "clbench.fingerprint", "clbench.tangent.commands"})
+_PACKAGE_DIR = Path(__file__).parent
+
+
+@functools.cache
+def code_fingerprint(strategy: str, scenario: str) -> str:
+    """The fingerprint of a run of STRATEGIES ``strategy`` on SCENARIOS ``scenario`` (computed once per process)."""
+    from clbench.registry import SCENARIOS, STRATEGIES
+
+    looked_up = [f"{package}.{p.stem}" for package in LOOKED_UP
+                 for p in sorted(_source_file(package).parent.glob("*.py")) if p.stem != "__init__"]
+    return fingerprint_of([STRATEGIES.get(strategy).__module__, SCENARIOS.get(scenario).__module__, *CORE,
+                           *looked_up])
+
+
+def fingerprint_of(modules: Iterable[str]) -> str:
+    """16 hex digits of sha256 over ``name:code digest`` of every file :func:`module_files` finds."""
+    files = module_files(modules)
+    blob = "\n".join(f"{name}:{code_digest(path)}" for name, path in sorted(files.items()))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def module_files(roots: Iterable[str]) -> dict[str, Path]:
+    """``{module: source file}`` for ``roots`` (any importable modules) and every ``clbench`` module they import,
+    transitively, minus :data:`EXCLUDED`."""
+    found: dict[str, Path] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in found or name in EXCLUDED:
+            continue
+        path = _source_file(name)
+        if path is None:
+            continue
+        found[name] = path
+        todo += [m for m in _imports(name, path) if m == PACKAGE or m.startswith(PACKAGE + ".")]
+    return found
+
+
+def _source_file(name: str) -> Path | None:
+    if name == PACKAGE or name.startswith(PACKAGE + "."):
+        base = _PACKAGE_DIR.joinpath(*name.split(".")[1:])
+        return next((p for p in (base.parent / f"{base.name}.py", base / "__init__.py") if p.is_file()), None)
+    module = sys.modules.get(name)                  # a strategy or scenario defined outside the package
+    try:
+        origin = getattr(module, "__file__", None) if module else getattr(importlib.util.find_spec(name), "origin",
+                                                                              None)
+    except (ImportError, ValueError):
+        return None
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def _imports(name: str, path: Path) -> list[str]:
+    """Module names imported anywhere in ``path`` (``from a import b`` gives ``a.b`` when that is a module of the
+    package, else ``a``); relative imports resolved against ``name``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(_parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            if base == PACKAGE or base.startswith(PACKAGE + "."):
+                out += [f"{base}.{a.name}" if _source_file(f"{base}.{a.name}") else base for a in node.names]
+    return out
+
+
+def code_digest(path: Path) -> str:
+    """sha256 of the file's syntax tree without docstrings."""
+    return _digest(path.read_bytes())
+
+
+@functools.cache
+def _digest(source: bytes) -> str:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+                and isinstance(node.body[0].value.value, str):
+            node.body = node.body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+@functools.cache
+def _parse(source: bytes) -> ast.Module:
+    return ast.parse(source)

@@ -1,0 +1,203 @@
+"""Values read from YAML checked against type annotations and value ranges, so that a suite fails when it loads.
+
+:func:`check_values` takes ``{key: value}`` and the annotations of the function or dataclass the values are for
+(``typing.get_type_hints``) and returns the values coerced where the meaning is unambiguous:
+
+- an ``int`` (not a ``bool``) for a ``float`` field becomes that float (``lr: 1`` is ``1.0``, one identity);
+- a string that spells a number for a numeric field becomes that number: YAML 1.1 (PyYAML) reads ``1e-3`` as the
+  string ``"1e-3"`` because it has no dot;
+- an integral float for an ``int`` field becomes that int (``epochs: 2.0``); ``1.5`` is refused;
+- a list for a ``tuple[...]`` field becomes a tuple; containers are checked element by element.
+
+Everything else must already have the annotated type: a ``bool`` is never a number (``seed: true``), a number is
+never a string, ``None`` only where the annotation allows it. In a union, a member the value already has wins over
+one it would be coerced to (``int | str`` keeps ``"1"`` a string). ``Literal`` values must be one of the listed ones.
+
+Value ranges come from :data:`RANGES`, by field name, so that every strategy, model and scenario gets them without
+code of its own (``epochs >= 1``, ``mem_size >= 0``, ``lr > 0``, ``momentum`` in ``[0, 1]``...); a field with
+another range checks it in its ``Config.__post_init__`` (a ``ValueError`` there is a configuration error too).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+class TypeMismatch(ValueError):
+    """A value that does not fit its annotation or range; ``key`` is its dotted path (``model_args.hidden[1]``)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Range:
+    """``low <= x <= high`` (``<`` where ``open_low``/``open_high``); ``None`` is unbounded."""
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+
+    def __contains__(self, x: float) -> bool:
+        return ((self.low is None or (x > self.low if self.open_low else x >= self.low))
+                and (self.high is None or (x < self.high if self.open_high else x <= self.high)))
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.open_low else '>='} {self.low:g}"
+        return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+
+
+AT_LEAST_1, NON_NEGATIVE, POSITIVE = Range(1), Range(0), Range(0, open_low=True)
+FRACTION, HALF_OPEN_FRACTION = Range(0, 1), Range(0, 1, open_high=True)
+# field name -> range; names not listed use the first matching suffix of RANGE_SUFFIXES, else no range
+RANGES: dict[str, Range] = {
+    "epochs": AT_LEAST_1, "first_epochs": AT_LEAST_1, "mem_size": NON_NEGATIVE, "lr": POSITIVE,
+    "momentum": FRACTION, "dropout": HALF_OPEN_FRACTION, "label_smoothing": HALF_OPEN_FRACTION,
+    "temperature": POSITIVE, "kd_tau": POSITIVE, "decay_factor": Range(0, 1, open_low=True), "lr_decay": POSITIVE,
+    "weight_decay": NON_NEGATIVE, "alpha": NON_NEGATIVE, "beta": NON_NEGATIVE, "ridge": NON_NEGATIVE,
+    "kappa": POSITIVE, "depth": AT_LEAST_1, "num_heads": AT_LEAST_1, "embed_dim": AT_LEAST_1,
+    "width": AT_LEAST_1, "hidden": AT_LEAST_1, "last_blocks": AT_LEAST_1, "seed": NON_NEGATIVE,
+}
+RANGE_SUFFIXES: tuple[tuple[str, Range], ...] = (
+    ("_epochs", NON_NEGATIVE), ("_size", AT_LEAST_1), ("_lr", NON_NEGATIVE), ("_lambda", NON_NEGATIVE),
+    ("_alpha", NON_NEGATIVE), ("_milestones", NON_NEGATIVE), ("_per_class", AT_LEAST_1), ("_padding", NON_NEGATIVE),
+)
+RANGE_PREFIXES: tuple[tuple[str, Range], ...] = (("n_", AT_LEAST_1),)
+
+
+def range_of(name: str) -> Range | None:
+    """The range :data:`RANGES` gives to a field called ``name`` (exact name, then suffix, then prefix)."""
+    if name in RANGES:
+        return RANGES[name]
+    return next((r for suffix, r in RANGE_SUFFIXES if name.endswith(suffix)), None) or \
+        next((r for prefix, r in RANGE_PREFIXES if name.startswith(prefix)), None)
+
+
+def type_name(tp: Any) -> str:
+    """``float``, ``tuple[int, ...]``, ``int or None``: how an annotation reads in an error message."""
+    if _is_union(tp):
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "None"
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    return tp.__name__ if isinstance(tp, type) and not typing.get_args(tp) else str(tp).replace("typing.", "")
+
+
+def _article(tp: Any) -> str:
+    name = type_name(tp)
+    return name if _is_union(tp) or name == "None" or typing.get_origin(tp) is Literal else \
+        f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType)
+
+
+def coerce(value: Any, tp: Any, key: str, strict: bool = False) -> Any:
+    """``value`` as annotation ``tp`` (see the module docstring); raises :class:`TypeMismatch`. ``strict`` allows
+    no coercion (the first pass over a union's members)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return value
+    if _is_union(tp):
+        for attempt_strict in (True, False) if not strict else (True,):
+            for member in args:
+                try:
+                    return coerce(value, member, key, attempt_strict)
+                except TypeMismatch:
+                    pass
+        raise TypeMismatch(key, f"expected {_article(tp)}, got {value!r}")
+    if origin is Literal:
+        if any(value == a and type(value) is type(a) for a in args):
+            return value
+        raise TypeMismatch(key, f"{value!r} is not one of {', '.join(repr(a) for a in args)}")
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        number = _number(value, strict, allow_int_only=True)
+        if number is not None:
+            return number
+    elif tp is float:
+        number = _number(value, strict, allow_int_only=False)
+        if number is not None:
+            return number
+    elif origin in (tuple, list) or tp in (tuple, list):
+        if isinstance(value, (list, tuple)):
+            is_tuple = (origin or tp) is tuple
+            return (tuple if is_tuple else list)(_items(value, args if is_tuple else args * len(value), key, strict))
+    elif origin is dict or tp is dict or origin is Mapping:
+        if isinstance(value, dict):
+            if not args:
+                return dict(value)
+            return {coerce(k, args[0], f"{key}[{k!r}]", strict): coerce(v, args[1], f"{key}.{k}", strict)
+                    for k, v in value.items()}
+    elif isinstance(origin or tp, type):
+        if isinstance(value, origin or tp) and not (isinstance(value, bool) and tp is not bool):
+            return value
+    else:                       # an annotation this checker does not know (a Callable, a Protocol...): accept
+        return value
+    raise TypeMismatch(key, f"expected {_article(tp)}, got {value!r}")
+
+
+def _number(value: Any, strict: bool, allow_int_only: bool) -> int | float | None:
+    """``value`` as an int (``allow_int_only``) or a float, or None when it is not one (booleans never are)."""
+    if isinstance(value, bool):
+        return None
+    if strict:
+        ok = isinstance(value, int) if allow_int_only else isinstance(value, float)
+        return value if ok else None
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        value = float(value)
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if allow_int_only:
+        return int(value) if float(value).is_integer() else None
+    return float(value)
+
+
+def _items(value: list | tuple, args: tuple, key: str, strict: bool) -> list:
+    """The items coerced to ``args`` (a tuple's annotation: one type per item, or ``(X, ...)``)."""
+    if not args:
+        return list(value)
+    if len(args) == 2 and args[1] is Ellipsis:
+        args = (args[0],) * len(value)
+    elif len(args) != len(value):
+        raise TypeMismatch(key, f"expected {len(args)} items, got {len(value)}: {value!r}")
+    return [coerce(v, a, f"{key}[{i}]", strict) for i, (v, a) in enumerate(zip(value, args))]
+
+
+def check_range(name: str, value: Any, key: str) -> None:
+    """Raise :class:`TypeMismatch` when a number (or each number of a list) under ``name`` is out of its range."""
+    allowed = range_of(name)
+    if allowed is None:
+        return
+    for x in value if isinstance(value, (list, tuple)) else (value,):
+        if isinstance(x, (int, float)) and not isinstance(x, bool) and x not in allowed:
+            raise TypeMismatch(key, f"{x!r} is out of range: {name} must be {allowed}")
+
+
+def check_values(values: Mapping[str, Any], hints: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every ``values[k]`` coerced to ``hints[k]`` (keys without a hint are returned as they are) and checked
+    against its range; errors name ``prefix + k``."""
+    out = {}
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        out[name] = coerce(value, hints[name], key) if name in hints else value
+        check_range(name, out[name], key)
+    return out
