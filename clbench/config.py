@@ -88,8 +88,8 @@ def _resolve(strategy_name: str, preset: str | None, overrides: dict, where: str
         if not isinstance(preset, str) or preset not in presets:
             raise ConfigError(f"{where}: strategy {strategy_name!r} has no preset {preset!r}."
                               f"{_suggest(str(preset), presets)} Presets: {', '.join(presets) or 'none'}.")
-        values.update(_checked_fields(f"{where}: preset {preset!r}", config_cls, presets[preset]))
-    checked = _checked_fields(f"{where}: args", config_cls, overrides)
+        values.update(_checked_fields(f"{where}: preset {preset!r}", config_cls, presets[preset], {}))
+    checked = _checked_fields(f"{where}: args", config_cls, overrides, values)
     values.update(checked)
     return config_cls, values, checked
 
@@ -101,11 +101,11 @@ def _instantiate(config_cls: type, values: dict, where: str) -> Any:
         raise ConfigError(f"{where}: invalid hyperparameters: {exc}") from exc
 
 
-def _checked_fields(where: str, config_cls: type, values: dict) -> dict:
+def _checked_fields(where: str, config_cls: type, values: dict, below: dict) -> dict:
     """``values`` (Config field -> value) checked: known fields, annotations and ranges, ``model``/``head`` names
-    (:data:`NAMED_CHOICES`) and ``model_args`` against the model factory's signature."""
-    fields = {f.name: f for f in dataclasses.fields(config_cls)}
-    _check_keys(where, values, fields)
+    (:data:`NAMED_CHOICES`) and ``model_args`` against the signature of the model named in ``values``, else in
+    ``below`` (the preset's values), else by the Config (a field default or a class attribute ``model``)."""
+    _check_keys(where, values, [f.name for f in dataclasses.fields(config_cls)])
     try:
         checked = typecheck.check_values(values, _type_hints(config_cls))
     except typecheck.TypeMismatch as exc:
@@ -116,9 +116,8 @@ def _checked_fields(where: str, config_cls: type, values: dict) -> dict:
             raise ConfigError(f"{where}.{name}: unknown {name} {value!r}.{_suggest(str(value), choices())} "
                               f"Choose one of: {', '.join(choices())}.")
     if "model_args" in checked:
-        default = fields["model"].default if "model" in fields else "auto"
-        checked["model_args"] = _checked_model_args(f"{where}.model_args", checked.get("model", default),
-                                                    checked["model_args"])
+        model = checked.get("model", below.get("model", getattr(config_cls, "model", "auto")))
+        checked["model_args"] = _checked_model_args(f"{where}.model_args", model, checked["model_args"])
     return checked
 
 
@@ -143,8 +142,9 @@ def _checked_model_args(where: str, model: str, args: Any) -> dict:
         raise ConfigError(f"{where}: expected a mapping, got {args!r}.")
     factories = [MODELS.get(model)] if model != "auto" else [MODELS.get(m) for m in MODELS.names()]
     params = [p for f in factories for p in list(inspect.signature(f).parameters.values())[1:]]
-    if not any(p.kind is p.VAR_KEYWORD for p in params):
-        _check_keys(where, args, dict.fromkeys(p.name for p in params if p.kind is not p.VAR_POSITIONAL))
+    if model == "auto" or not any(p.kind is p.VAR_KEYWORD for p in params):
+        _check_keys(where, args, dict.fromkeys(p.name for p in params if p.kind in (p.KEYWORD_ONLY,
+                                                                                    p.POSITIONAL_OR_KEYWORD)))
     try:
         return typecheck.check_values(args, _type_hints(factories[0]) if len(factories) == 1 else {}, ".")
     except typecheck.TypeMismatch as exc:
@@ -152,9 +152,11 @@ def _checked_model_args(where: str, model: str, args: Any) -> dict:
 
 
 def _type_hints(obj: Any) -> dict[str, Any]:
-    """``typing.get_type_hints(obj)``; an annotation that cannot be resolved is left unchecked."""
+    """The annotations of a function's parameters, a dataclass's fields or a class's ``__init__`` parameters; an
+    annotation that cannot be resolved is left unchecked."""
+    target = obj.__init__ if isinstance(obj, type) and not dataclasses.is_dataclass(obj) else obj
     try:
-        return typing.get_type_hints(obj)
+        return typing.get_type_hints(target)
     except (NameError, TypeError):
         return {}
 
@@ -359,6 +361,10 @@ def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
         params = inspect.signature(factory).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             _check_keys(f"{where}[{i}].args (callback {item['name']!r})", args, list(params))
+        try:
+            args = typecheck.check_values(args, _type_hints(factory), f"[{i}].args.")
+        except typecheck.TypeMismatch as exc:
+            raise ConfigError(f"{where}{exc}") from None
         out.append({"name": item["name"], "args": dict(args)})
     return tuple(out)
 

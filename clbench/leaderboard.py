@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 # The metric columns, which of them get a std over seeds, which are shown in the markdown and how, and the primary
 # metric (rows sort by the first of PRIMARY a row has: avg_inc_acc is undefined for offline runs such as joint).
-METRICS = ("avg_inc_acc", "last_acc", "forgetting", "bwt", "fwt", "params_M", "params_added_M",
+METRICS = ("avg_inc_acc", "last_acc", "forgetting", "bwt", "params_M", "params_added_M",
            "trainable_params_M", "train_s", "eval_s", "peak_mem_MB")
 WITH_STD = ("avg_inc_acc", "last_acc", "forgetting", "bwt")
 MARKDOWN_COST = {"params_M": "{:.3f}", "params_added_M": "{:.3f}", "train_s": "{:.1f}", "peak_mem_MB": "{:.1f}"}
@@ -74,9 +74,10 @@ def identity(record: dict) -> tuple[dict[str, str], dict[str, str]]:
     return scenario, strategy
 
 
-def _labels(records: list[dict]) -> list[tuple[str, str]]:
+def row_labels(records: list[dict]) -> list[tuple[str, str]]:
     """``(scenario label, strategy label)`` per record: the entries' labels, plus ``[key=value, ...]`` for the
-    identity keys that differ between records sharing a label."""
+    identity keys that differ between records sharing a label. Records with equal labels have equal identities, so
+    anything that averages over seeds (this table, plots) must group by these labels, not by the entries'."""
     base = [(r["spec"]["scenario"].get("label") or r["spec"]["scenario"]["name"],
              r["spec"]["strategy"].get("label") or r["spec"]["strategy"]["name"]) for r in records]
     ids = [identity(r) for r in records]
@@ -134,7 +135,7 @@ def build(records: list[dict]) -> pd.DataFrame:
     """The leaderboard table (see the module docstring for rows and columns)."""
     if not records:
         return pd.DataFrame(columns=[*KEYS, "n_seeds"])
-    flat = pd.DataFrame([_flat(r, *labels) for r, labels in zip(records, _labels(records))])
+    flat = pd.DataFrame([_flat(r, *labels) for r, labels in zip(records, row_labels(records))])
     extra = sorted(c for c in flat.columns if c.startswith("x_"))
     rows = []
     for key, group in flat.groupby(list(KEYS), sort=False):
