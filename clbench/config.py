@@ -127,10 +127,17 @@ def _head_names() -> list[str]:
     return ["auto", *HEADS]
 
 
+def _optimizer_names() -> list[str]:
+    from clbench.training import OPTIMIZERS
+
+    return OPTIMIZERS.names()
+
+
 # Config fields whose value must be a name from a registry or a fixed set, by field name (every strategy)
 NAMED_CHOICES: dict[str, typing.Callable[[], list[str]]] = {
     "model": lambda: ["auto", *MODELS.names()],
     "head": _head_names,
+    "optimizer": _optimizer_names,
 }
 
 

@@ -29,7 +29,11 @@ def test_valid_suite_expands_to_run_specs():
     (lambda d: d.pop("strategies"), r"missing required key 'strategies'"),
     (lambda d: d["strategies"].append({"name": "naive"}), r"'naive' appears twice"),
     (lambda d: d["strategies"][0]["args"].update(epochs=0), r"args\.epochs: 0 is out of range: epochs must be >= 1"),
-    (lambda d: d["strategies"][0]["args"].update(optimizer="lbfgs"), r"optimizer must be one of"),
+    (lambda d: d["strategies"][0]["args"].update(optimizer="lbfgs"),
+     r"strategies\[0\] \(replay\): args\.optimizer: unknown optimizer 'lbfgs'\. Choose one of: adam, adamw, sgd"),
+    (lambda d: d["strategies"][0]["args"].update(mem_size=10, epochs=2.5), r"args\.epochs: expected an int"),
+    (lambda d: d["strategies"].append({"name": "dytox", "args": {"arch": "huge"}}),      # the Config's own check
+     r"strategies\[2\] \(dytox\): invalid hyperparameters: arch must be one of"),
 ])
 def test_malformed_suites_raise_clear_errors(mutate, match):
     data = yaml.safe_load(yaml.safe_dump(GOOD))
