@@ -170,6 +170,22 @@ def test_forget_records_exactly_the_samples_removed(shard_run, tmp_path):
     assert len(subtract["removed_ids"]) < 60
 
 
+def test_the_forget_method_refuses_unknown_and_empty_ids(shard_run):
+    """The library call checks what the command checks: nothing is removed for a request it cannot serve."""
+    from clbench.config import RunSpec
+    from clbench.runner import RunRecord, build_scenario, build_strategy
+
+    record = RunRecord.load(shard_run)
+    spec = RunSpec.from_dict(record.spec)
+    strategy = build_strategy(spec, build_scenario(spec).info, torch.device("cpu"))
+    strategy.load_state(record.state_dir)
+    before = strategy.shard_ids()
+    for ids, message in (([3, 999999], "not training samples"), ([], "no sample ids")):
+        with pytest.raises(ValueError, match=message):
+            strategy.forget(ids, "subtract")
+    assert strategy.shard_ids() == before
+
+
 # ----------------------------------------------------------------------------------------------- load-time types
 STRATEGY = "strategies[0] (replay): "
 
