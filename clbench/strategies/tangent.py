@@ -118,8 +118,9 @@ FULL = {"model_args": {"embed_dim": 384, "depth": 6, "num_heads": 12, "patch_siz
 
 @dataclass(frozen=True)
 class RemovalRecord:
-    """What :meth:`ShardedFineTuning.forget` did: shards touched, ids asked and samples actually dropped,
-    hashes of the deployed weights before and after, and its wall time."""
+    """What :meth:`ShardedFineTuning.forget` did: shards touched, ids asked and samples actually dropped (their
+    number and ``removed_ids``, the global ids of exactly those samples), hashes of the deployed weights before and
+    after, and its wall time."""
 
     mode: str
     ids: list[int]
@@ -129,6 +130,7 @@ class RemovalRecord:
     hash_before: str
     hash_after: str
     seconds: float
+    removed_ids: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -230,15 +232,23 @@ class ShardedFineTuning(PrefixFineTuning):
         ``subtract``: drop every shard holding one of them from the composition (``S ← S − w_j Δ_j``) — no
         training, the shard's other samples go too. ``retrain``: retrain those shards from ``w0`` on their remaining
         samples (needs the training ``experiences``, in stream order) — SISA's exact unlearning.
+
+        Every id must be held by a shard still in the composition (a training sample not removed before), and there
+        must be at least one: otherwise ``ValueError`` and nothing changes.
         """
         if mode not in ("subtract", "retrain"):
             raise ValueError(f"mode must be 'subtract' or 'retrain', got {mode!r}")
         if mode == "retrain" and experiences is None:
             raise ValueError("forget(mode='retrain') needs the training experiences.")
         ids_t = torch.as_tensor(sorted({int(i) for i in ids}), dtype=torch.long)
+        held = torch.cat([local + self.offsets[t] for t, local in self.shards.values()] or [ids_t[:0]])
+        unknown = ids_t[~torch.isin(ids_t, held)].tolist()
+        if not len(ids_t) or unknown:
+            raise ValueError(f"{len(unknown)} id(s) are not training samples held by this composition: "
+                             f"{unknown[:10]}" if unknown else "no sample ids to remove")
         before = delta_hash(self._deployed_state())
         start = time.perf_counter()
-        touched, dropped = [], 0
+        touched, removed = [], []
         experience_data: dict[int, tuple[Tensor, Tensor]] = {}
         retrain: dict[int, tuple[Tensor, Tensor]] = {}
         for key, (t, local) in sorted(self.shards.items()):
@@ -247,7 +257,7 @@ class ShardedFineTuning(PrefixFineTuning):
                 continue
             touched.append(key)
             keep = local[~hit] if mode == "retrain" else local[:0]
-            dropped += len(local) - len(keep)
+            removed += (local[hit] if mode == "retrain" else local).add(self.offsets[t]).tolist()
             if len(keep):
                 if t not in experience_data:
                     x, y = experience_tensors(experiences[t])
@@ -262,8 +272,8 @@ class ShardedFineTuning(PrefixFineTuning):
             if key in retrained:
                 self._add(key, retrained[key])
         self._refresh()
-        return RemovalRecord(mode, ids_t.tolist(), touched, dropped, len(self.composition.shards), before,
-                             delta_hash(self._deployed_state()), time.perf_counter() - start)
+        return RemovalRecord(mode, ids_t.tolist(), touched, len(removed), len(self.composition.shards), before,
+                             delta_hash(self._deployed_state()), time.perf_counter() - start, sorted(removed))
 
     def shard_ids(self) -> dict[int, list[int]]:
         """Global sample ids held by each shard still in the composition."""
