@@ -30,7 +30,7 @@ from clbench import progress
 from clbench import records as record_files
 from clbench.config import ConfigError, build_config, load_suite, shipped_suites
 from clbench.environment import resolve_device
-from clbench.registry import COMMANDS, MODELS, SCENARIOS, STRATEGIES, UnknownNameError
+from clbench.registry import COMMANDS, MODELS, SCENARIOS, STRATEGIES, UNAVAILABLE, UnknownNameError
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def _write_leaderboard(out: Path):
 
     records, corrupt = record_files.load_dir(out)
     for problem in corrupt:
-        print(f"warning: {problem}", file=sys.stderr)
+        print(f"warning: {problem}; skipped", file=sys.stderr)
     table = leaderboard.write(out, records)
     report.plot(records, out)
     return table, corrupt
@@ -156,6 +156,8 @@ def _list(args: argparse.Namespace) -> int:
         cls = STRATEGIES.get(name)
         presets = ", ".join(getattr(cls, "PRESETS", {})) or "none"
         print(fmt(name, f"{_first_line(cls)} (presets: {presets})"))
+    for module, reason in sorted(UNAVAILABLE.items()):
+        print(fmt(module, f"UNAVAILABLE: {reason}"))
     print("\n## Models" if args.markdown else "models:")
     for name in MODELS.names():
         print(fmt(name, _first_line(MODELS.get(name))))

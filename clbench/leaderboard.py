@@ -7,12 +7,19 @@ e.g. two runs of a suite with ``mem_size: 200`` (seed 0) and ``mem_size: 20`` (s
 distinct rows labelled by the keys that differ: ``replay [mem_size=20]`` and ``replay [mem_size=200]`` (scenario
 arguments label the scenario column, ``code=<fingerprint>`` marks records of different code).
 
+Score columns come from the records' :class:`~clbench.metrics.MetricSpec` s (``metric_specs``; classification
+records without them are read as :data:`~clbench.metrics.ACCURACY`): each metric gives ``avg_inc``, ``last``,
+``forgetting`` and ``bwt`` columns — ``avg_inc_acc``, ``last_acc``, ``forgetting``, ``bwt`` for accuracy,
+``ndcg@10_last`` and so on for others — each with a std over seeds; the markdown shows those of each row's primary
+metric.
+
 Written as ``leaderboard.csv`` and ``leaderboard.md`` beside the ``runs/`` folder. Accuracies and forgetting are
 percentages; ``params_M`` is the final parameter count in millions, ``params_added_M`` its growth from the first
 to the last step; ``train_s``/``peak_mem_MB`` are per run. Extra strategy metrics (``metrics.extra``) become
 columns of their own. Failed runs are counted in ``n_failed`` and left out of the means; the std of one seed is
 undefined (empty in the CSV, "–" in the markdown). ``overrides`` are the suite's ``args`` of the row's strategy.
-Rows are sorted by suite, scenario and then the primary metric (:data:`PRIMARY`), best first.
+Rows are sorted by suite, scenario and then the primary metric (its ``avg_inc``, or ``last`` where that is undefined,
+e.g. for joint training), best first.
 """
 
 from __future__ import annotations
@@ -27,17 +34,23 @@ import numpy as np
 import pandas as pd
 
 from clbench import records as record_files
+from clbench.metrics import ACCURACY, SUMMARIES, MetricSpec, primary
 
 log = logging.getLogger(__name__)
 
-# The metric columns, which of them get a std over seeds, which are shown in the markdown and how, and the primary
-# metric (rows sort by the first of PRIMARY a row has: avg_inc_acc is undefined for offline runs such as joint).
-METRICS = ("avg_inc_acc", "last_acc", "forgetting", "bwt", "params_M", "params_added_M",
-           "trainable_params_M", "train_s", "eval_s", "peak_mem_MB")
-WITH_STD = ("avg_inc_acc", "last_acc", "forgetting", "bwt")
+# Cost columns (every record has them), which are shown in the markdown and how; score columns come from MetricSpecs.
+COSTS = ("params_M", "params_added_M", "trainable_params_M", "train_s", "eval_s", "peak_mem_MB")
 MARKDOWN_COST = {"params_M": "{:.3f}", "params_added_M": "{:.3f}", "train_s": "{:.1f}", "peak_mem_MB": "{:.1f}"}
-PRIMARY = ("avg_inc_acc", "last_acc")
 KEYS = ("suite", "scenario", "strategy")
+
+
+def metric_specs(record: dict) -> list[MetricSpec]:
+    """The record's metric specs (accuracy for records written before specs were stored)."""
+    return [MetricSpec(**s) for s in record.get("metric_specs") or []] or [ACCURACY]
+
+
+def score_columns(spec: MetricSpec) -> list[str]:
+    return [spec.column(summary) for summary in SUMMARIES]
 
 
 def load_records(out_dir: str | Path) -> list[dict]:
@@ -45,7 +58,7 @@ def load_records(out_dir: str | Path) -> list[dict]:
     left out (:mod:`clbench.records`)."""
     records, corrupt = record_files.load_dir(out_dir)
     for problem in corrupt:
-        log.warning("%s", problem)
+        log.warning("%s; skipped", problem)
     return records
 
 
@@ -126,7 +139,8 @@ def _flat(record: dict, scenario: str, strategy: str) -> dict:
            "seed": record["seed"], "status": record["status"], "machine": record.get("env", {}).get("machine", ""),
            "code_fingerprint": record.get("code_fingerprint") or ""}
     metrics = record.get("metrics", {})
-    row.update({m: metrics.get(m) for m in METRICS})
+    row.update({m: metrics.get(m) for spec in metric_specs(record) for m in score_columns(spec)})
+    row.update({m: metrics.get(m) for m in COSTS})
     row.update({f"x_{k}": v for k, v in (metrics.get("extra") or {}).items() if isinstance(v, (int, float))})
     return row
 
@@ -137,27 +151,39 @@ def build(records: list[dict]) -> pd.DataFrame:
         return pd.DataFrame(columns=[*KEYS, "n_seeds"])
     flat = pd.DataFrame([_flat(r, *labels) for r, labels in zip(records, row_labels(records))])
     extra = sorted(c for c in flat.columns if c.startswith("x_"))
-    rows = []
+    scores = list(dict.fromkeys(c for r in records for spec in metric_specs(r) for c in score_columns(spec)))
+    primaries = [primary(metric_specs(r)) for r in records]
+    rows, row_primary = [], []
     for key, group in flat.groupby(list(KEYS), sort=False):
         ok = group[group["status"] == "finished"]
         row = dict(zip(KEYS, key))
         row.update(n_seeds=len(ok), n_failed=int((group["status"] != "finished").sum()),
                    preset=",".join(sorted(set(group["preset"]))), overrides=" | ".join(sorted(set(group["overrides"]))))
-        for m in (*METRICS, *extra):
+        for m in (*scores, *COSTS, *extra):
             values = pd.to_numeric(ok[m], errors="coerce").dropna() if m in ok else pd.Series(dtype=float)
             name = m[2:] if m.startswith("x_") else m
             row[name] = float(values.mean()) if len(values) else np.nan
-            if m in WITH_STD or m.startswith("x_"):
+            if m not in COSTS:
                 row[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else np.nan
         row["machine"] = "; ".join(sorted(set(ok["machine"]))) if len(ok) else ""
         row["code_fingerprint"] = "; ".join(sorted(set(group["code_fingerprint"]) - {""}))
+        spec = primaries[group.index[0]]
+        row["primary_metric"] = spec.name
         rows.append(row)
+        row_primary.append(spec)
     table = pd.DataFrame(rows)
-    primary = table[list(PRIMARY)].bfill(axis=1).iloc[:, 0]
-    order = sorted(range(len(table)), key=lambda i: (table["suite"][i], table["scenario"][i],
-                                                     -primary[i] if not pd.isna(primary[i]) else np.inf,
+
+    def rank(i: int) -> float:
+        """The row's primary ``avg_inc`` (``last`` where undefined), best first; rows without one last."""
+        spec = row_primary[i]
+        value = next((table[c][i] for c in score_columns(spec)[:2] if not pd.isna(table[c][i])), np.nan)
+        return np.inf if pd.isna(value) else (-value if spec.higher_is_better else value)
+
+    order = sorted(range(len(table)), key=lambda i: (table["suite"][i], table["scenario"][i], rank(i),
                                                      table["strategy"][i]))
-    return table.iloc[order].reset_index(drop=True)
+    table = table.iloc[order].reset_index(drop=True)
+    table.attrs["primary_columns"] = list(dict.fromkeys(c for spec in row_primary for c in score_columns(spec)))
+    return table
 
 
 def to_markdown(table: pd.DataFrame, title: str = "") -> str:
@@ -168,14 +194,15 @@ def to_markdown(table: pd.DataFrame, title: str = "") -> str:
         std = row.get(f"{m}_std")
         return f"{row[m]:.2f} ± {'–' if pd.isna(std) else f'{std:.2f}'}"
 
-    header = ["suite", "scenario", "strategy", "preset", "overrides", "seeds", *WITH_STD, *MARKDOWN_COST]
+    shown = table.attrs.get("primary_columns") or score_columns(ACCURACY)
+    header = ["suite", "scenario", "strategy", "preset", "overrides", "seeds", *shown, *MARKDOWN_COST]
     lines = [f"# {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, r in table.iterrows():
         seeds = f"{r['n_seeds']}" + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
         cost = ["–" if pd.isna(r[c]) else fmt.format(r[c]) for c, fmt in MARKDOWN_COST.items()]
         cells = [str(r["suite"]), str(r["scenario"]), str(r["strategy"]), str(r["preset"]), str(r["overrides"]),
-                 seeds, *(pm(r, m) for m in WITH_STD), *cost]
+                 seeds, *(pm(r, m) for m in shown), *cost]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     machines = sorted({m for m in table.get("machine", []) if m})
     if machines:

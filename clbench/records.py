@@ -29,10 +29,10 @@ def read(path: str | Path) -> dict:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptRecord(path, f"not a readable JSON file ({exc}); skipped") from None
+        raise CorruptRecord(path, f"not a readable JSON file ({exc})") from None
     problem = _problem(data)
     if problem:
-        raise CorruptRecord(path, f"not a clbench run record ({problem}); skipped")
+        raise CorruptRecord(path, f"not a clbench run record ({problem})")
     return data
 
 
