@@ -16,22 +16,24 @@ Per task ``t`` (``|C_1:t|`` classes seen, ``|C_t|`` new), with the network of :m
    As in the official code, KL and BCE are averaged over all elements (``reduction="mean"``).
    AdamW, lr ``5e-4 · bs / 512``, weight decay 1e-6 (none on biases and norms), per-epoch schedule: linear
    warm-up from 1e-6 for 5 epochs, then cosine ``lr_min + ½(lr - lr_min)(1 + cos(π e / E))`` with lr_min 1e-5.
-3. Memory update: herding on ``[e_1, ..., e_t]`` under the global budget (:mod:`clbench.strategies.dytox_memory`).
+3. Memory update: herding on ``[e_1, ..., e_t]`` under the global budget (:mod:`clbench.cl.herding`; the kind is
+   ``config.memory``, a name in :data:`clbench.cl.MEMORIES`).
 4. For ``t > 0``: balanced fine-tuning on the memory, encoder frozen, constant lr ``5e-5 · bs / 512``, 20 epochs,
-   BCE only (no teacher, no divergence head).
+   BCE only (no teacher, no divergence head): :func:`clbench.cl.balanced_finetuning`.
 
 ``dytox_plus`` adds MixUp (λ_mix ~ Beta(0.8, 0.8), each image mixed with the batch in reverse order) and label
-smoothing 0.1 to the BCE targets: ``y = (1 - ε + ε/n) · onehot + ε/n · (1 - onehot)``, then mixed.
+smoothing 0.1 to the BCE targets: ``y = (1 - ε + ε/n) · onehot + ε/n · (1 - onehot)``, then mixed
+(:mod:`clbench.cl.mixing`).
 
-The loop is Avalanche's :class:`SupervisedTemplate`; DyTox only overrides its hooks (model/dataset adaptation,
-optimizer, forward, criterion, per-epoch lr). The runner sees the :class:`~clbench.protocol.Strategy` protocol.
+The loop is Avalanche's :class:`SupervisedTemplate` with :class:`clbench.cl.PhasedTemplate` (phases, memory-only
+dataset, frozen encoder, per-epoch lr); DyTox overrides the expansion, optimizer, forward and criterion. The
+runner sees the :class:`~clbench.protocol.Strategy` protocol.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -44,10 +46,21 @@ from timm.optim import param_groups_weight_decay
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from clbench.callbacks import bridge
+from clbench.cl import (
+    MEMORIES,
+    Memory,
+    Phase,
+    PhasedTemplate,
+    balanced_finetuning,
+    build_memory,
+    dataset_features,
+    mixup,
+    soft_targets,
+)
 from clbench.models.dytox import ARCHS, DyToxArch, DyToxNet, DyToxOutput, TaskClassifier
-from clbench.protocol import ParamCount, ScenarioInfo
+from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
 from clbench.registry import STRATEGIES
-from clbench.strategies.dytox_memory import HerdingMemory
 
 
 # ------------------------------------------------------------------------------------------------------- config
@@ -58,6 +71,7 @@ class DyToxConfig:
     arch: str = "cifar"                          # a key of clbench.models.dytox.ARCHS
     arch_overrides: dict = field(default_factory=dict)   # DyToxArch fields, e.g. {"patch_size": 2}
     mem_size: int = 2000                         # global rehearsal budget K
+    memory: str = "herding"                      # a kind in clbench.cl.MEMORIES
     epochs: int = 500                            # per task
     first_epochs: int | None = None              # task 1 (None: same as ``epochs``)
     batch_size: int = 128
@@ -80,6 +94,8 @@ class DyToxConfig:
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {self.arch!r}")
+        if self.memory not in MEMORIES:
+            raise ValueError(f"memory must be one of {MEMORIES.names()}, got {self.memory!r}")
         fields = {f.name for f in dataclasses.fields(DyToxArch)}
         if set(self.arch_overrides) - fields:
             raise ValueError(f"unknown arch_overrides {sorted(set(self.arch_overrides) - fields)}; "
@@ -174,12 +190,6 @@ AUGMENTATIONS: dict[str, Callable[[ScenarioInfo, DyToxConfig], Callable[[Tensor]
 
 
 # ------------------------------------------------------------------------------------------------------- losses
-def soft_targets(y: Tensor, n_classes: int, smoothing: float = 0.0) -> Tensor:
-    """One-hot ``(B, n_classes)`` with label smoothing: ``1 - ε + ε/n`` on the label, ``ε/n`` elsewhere."""
-    off = smoothing / n_classes
-    return F.one_hot(y, n_classes).float() * (1.0 - smoothing) + off
-
-
 def kd_loss(student_old: Tensor, teacher_old: Tensor, tau: float = 1.0) -> Tensor:
     """``τ² · KL(softmax(teacher/τ) ‖ softmax(student/τ))`` on the old-class logits ``(B, |C_1:t-1|)``, averaged
     over elements as in the official code."""
@@ -195,44 +205,25 @@ def divergence_targets(targets: Tensor, n_old: int) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------------------- phases
-@dataclass(frozen=True)
-class Phase:
-    """One training pass over an experience: task learning, or balanced fine-tuning on the memory."""
-
-    epochs: int
-    lr: float                     # already scaled by bs / 512
-    warmup_epochs: int = 0
-    cosine: bool = False
-    distill: bool = False         # teacher KD + divergence head
-    freeze_old_tasks: bool = False
-    freeze_encoder: bool = False
-    memory_only: bool = False
-
-    def lr_at(self, epoch: int, warmup_lr: float, min_lr: float) -> float:
-        """timm's per-epoch warm-up + cosine schedule (constant when ``cosine`` is False)."""
-        if epoch < self.warmup_epochs:
-            return warmup_lr + epoch * (self.lr - warmup_lr) / self.warmup_epochs
-        if not self.cosine:
-            return self.lr
-        return min_lr + 0.5 * (self.lr - min_lr) * (1 + math.cos(math.pi * epoch / self.epochs))
-
-
 def task_phase(config: DyToxConfig, t: int) -> Phase:
+    """Task ``t`` on ``D_t ∪ M``: warm-up + cosine lr; from ``t = 1`` on, distillation and divergence head
+    (``task_losses``) and the old task tokens and classifiers frozen."""
     epochs = config.first_epochs if t == 0 and config.first_epochs is not None else config.epochs
     return Phase(epochs=epochs, lr=config.lr * config.batch_size / 512, warmup_epochs=config.warmup_epochs,
-                 cosine=True, distill=t > 0, freeze_old_tasks=t > 0)
+                 warmup_lr=config.warmup_lr, min_lr=config.min_lr, cosine=True, task_losses=t > 0,
+                 freeze_old_tasks=t > 0)
 
 
 def finetune_phase(config: DyToxConfig) -> Phase:
-    return Phase(epochs=config.finetune_epochs, lr=config.finetune_lr * config.batch_size / 512,
-                 freeze_encoder=True, memory_only=True)
+    """Balanced fine-tuning on the memory, encoder frozen, constant lr ``finetune_lr · bs / 512``."""
+    return balanced_finetuning(config.finetune_epochs, config.finetune_lr * config.batch_size / 512)
 
 
 # ----------------------------------------------------------------------------------------------------- template
-class DyToxTemplate(SupervisedTemplate):
-    """Avalanche's supervised loop with DyTox's hooks. Set :attr:`phase` through :meth:`run`."""
+class DyToxTemplate(PhasedTemplate, SupervisedTemplate):
+    """Avalanche's supervised loop with DyTox's hooks; phases run through :meth:`PhasedTemplate.run_phase`."""
 
-    def __init__(self, *, model: DyToxNet, info: ScenarioInfo, config: DyToxConfig, memory: HerdingMemory,
+    def __init__(self, *, model: DyToxNet, info: ScenarioInfo, config: DyToxConfig, memory: Memory,
                  device: torch.device) -> None:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="No loggers specified")
@@ -246,46 +237,32 @@ class DyToxTemplate(SupervisedTemplate):
         self.augmentations = [AUGMENTATIONS[name](info, config) for name in config.augment]
         self.mb_targets: Tensor | None = None
 
-    def run(self, phase: Phase, experience) -> None:
-        self.phase, self.train_epochs = phase, phase.epochs
-        if phase.epochs > 0:
-            self.train(experience, eval_streams=[])
-
     # -- adaptation ---------------------------------------------------------------------------------------------
-    def train_dataset_adaptation(self, **kwargs) -> None:
-        memory = self.memory.dataset()
-        if self.phase.memory_only:
-            data = memory
-        else:
-            data = self.experience.dataset if memory is None else self.experience.dataset.concat(memory)
-        self.adapted_dataset = data.train()
+    def feature_extractor(self) -> nn.Module:
+        return self.model.encoder
 
     def model_adaptation(self, model=None) -> DyToxNet:
+        """Expansion when a new task starts (teacher copy, θ_t and Clf_t, divergence head), then the old task
+        parameters frozen per phase; :class:`PhasedTemplate` freezes the encoder in the fine-tuning phase."""
         t = self.experience.current_experience
         if not self.phase.memory_only and self.model.n_tasks == t:     # a new task starts
             self.teacher = copy.deepcopy(self.model).requires_grad_(False).eval() if t > 0 else None
             self.model.add_task(self.info.classes_per_experience[t])
             self.div_head = (TaskClassifier(self.model.arch.embed_dim, self.info.classes_per_experience[t] + 1)
                              if t > 0 and self.config.div_lambda > 0 else None)
-        self.model.set_trainable(old_tasks=not self.phase.freeze_old_tasks, encoder=not self.phase.freeze_encoder)
+        self.model.set_trainable(old_tasks=not self.phase.freeze_old_tasks)
         if self.div_head is not None:
-            self.div_head.requires_grad_(self.phase.distill).train(self.phase.distill)
-        return self.model.to(self.device)
+            self.div_head.requires_grad_(self.phase.task_losses).train(self.phase.task_losses)
+        return super().model_adaptation(model)
 
     def make_optimizer(self, **kwargs) -> None:
         """AdamW over the trainable parameters (and the divergence head while distilling); no weight decay on
         biases and other 1-D parameters, as timm's ``create_optimizer`` does for the official model."""
         trainable = nn.ModuleDict({"net": self.model})
-        if self.div_head is not None and self.phase.distill:
+        if self.div_head is not None and self.phase.task_losses:
             trainable["div"] = self.div_head.to(self.device)
         groups = param_groups_weight_decay(trainable, self.config.weight_decay)
         self.optimizer = torch.optim.AdamW(groups, lr=self.phase.lr)
-
-    def _before_training_epoch(self, **kwargs) -> None:
-        super()._before_training_epoch(**kwargs)
-        lr = self.phase.lr_at(self.clock.train_exp_epochs, self.config.warmup_lr, self.config.min_lr)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
 
     # -- one iteration ------------------------------------------------------------------------------------------
     def _before_forward(self, **kwargs) -> None:
@@ -295,9 +272,7 @@ class DyToxTemplate(SupervisedTemplate):
             x = augment(x)
         targets = soft_targets(self.mb_y, sum(self.model.classes_per_task), self.config.label_smoothing)
         if self.config.mixup_alpha > 0:
-            lam = float(torch.distributions.Beta(self.config.mixup_alpha, self.config.mixup_alpha).sample())
-            x = lam * x + (1 - lam) * x.flip(0)
-            targets = lam * targets + (1 - lam) * targets.flip(0)
+            x, targets, _ = mixup(x, targets, self.config.mixup_alpha)
         self.mbatch[0], self.mb_targets = x, targets
         super()._before_forward(**kwargs)
 
@@ -307,7 +282,7 @@ class DyToxTemplate(SupervisedTemplate):
     def criterion(self) -> Tensor:
         out: DyToxOutput = self.mb_output
         loss = F.binary_cross_entropy_with_logits(out.logits, self.mb_targets)
-        if not (self.phase.distill and self.teacher is not None):
+        if not (self.phase.task_losses and self.teacher is not None):
             return loss
         with torch.no_grad():
             teacher_logits = self.teacher(self.mb_x).logits
@@ -323,34 +298,37 @@ class DyToxTemplate(SupervisedTemplate):
 
 # ----------------------------------------------------------------------------------------------------- strategy
 @STRATEGIES.register("dytox")
-class DyTox:
-    """DyTox behind the runner's :class:`~clbench.protocol.Strategy` protocol (class-incremental: task labels
-    are ignored, ``predict`` scores all seen classes)."""
+class DyTox(StrategyBase):
+    """DyTox behind the strategy contract (class-incremental: task labels are ignored, ``predict`` scores all seen
+    classes); its template fires the strategy's callbacks."""
 
     offline = False
     Config = DyToxConfig
     PRESETS = PRESETS
 
     def __init__(self, info: ScenarioInfo, device: torch.device | str, config: DyToxConfig) -> None:
-        self.info, self.config, self.device = info, config, torch.device(device)
+        super().__init__(info, device, config)
         self.model = DyToxNet(replace(ARCHS[config.arch], **config.arch_overrides), info.input_shape).to(self.device)
-        self.memory = HerdingMemory(config.mem_size)
+        self.memory = build_memory(config.memory, config.mem_size)
         self.template = DyToxTemplate(model=self.model, info=info, config=config, memory=self.memory,
                                       device=self.device)
+        bridge(self.template, self.callbacks)
 
     def train(self, experience) -> None:
         t = experience.current_experience
-        self.template.run(task_phase(self.config, t), experience)
-        self.memory.update(experience.dataset, self.features, batch_size=2 * self.config.batch_size,
-                           device=self.device)
-        if t > 0 and len(self.memory):
-            self.template.run(finetune_phase(self.config), experience)
+        self.template.run_phase(task_phase(self.config, t), experience)
+        self.memory.update(experience.dataset, self.dataset_features)
+        self.template.run_phase(finetune_phase(self.config), experience)
 
     @torch.no_grad()
     def features(self, x: Tensor) -> Tensor:
         """Herding features ``[e_1, ..., e_t]``: ``(B, t·D)``."""
         self.model.eval()
         return torch.cat(self.model(x.to(self.device)).embeddings, dim=1)
+
+    def dataset_features(self, dataset) -> Tensor:
+        """:meth:`features` of every sample of an Avalanche dataset (eval transforms): ``(n, t·D)`` on CPU."""
+        return dataset_features(dataset, self.features, 2 * self.config.batch_size, self.device)
 
     @torch.no_grad()
     def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:

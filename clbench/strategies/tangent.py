@@ -27,10 +27,10 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
 import clbench.tangent.commands  # noqa: F401 - registers `run_bench.py pretrain` and `run_bench.py forget`
 from clbench import tasks
+from clbench.cl import experience_tensors
 from clbench.protocol import ParamCount, ScenarioInfo
 from clbench.registry import MODELS, STRATEGIES
 from clbench.tangent import ShardComposition, cache_prefix, delta_hash, linearize, reset_blocks, split_shards
@@ -134,15 +134,6 @@ class RemovalRecord:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def experience_tensors(experience: Any, batch_size: int = 1024) -> tuple[Tensor, Tensor]:
-    """All ``(x, y)`` of an experience in dataset order, with its eval transform (no augmentation)."""
-    xs, ys = [], []
-    for x, y, *_ in DataLoader(experience.dataset.eval(), batch_size=batch_size, shuffle=False):
-        xs.append(x)
-        ys.append(y)
-    return torch.cat(xs), torch.cat(ys).long()
 
 
 class PrefixFineTuning:
