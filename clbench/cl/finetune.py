@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from clbench.cl.memory import Memory
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -84,7 +86,7 @@ class PhasedTemplate:
     """
 
     phase: Phase
-    memory: object                    # a clbench.cl.memory.Memory
+    memory: Memory
     _restore_extractor: Callable[[], None] | None = None
 
     def feature_extractor(self) -> nn.Module:
