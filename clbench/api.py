@@ -1,0 +1,62 @@
+"""The Python API: build scenarios and strategies by name, run one in memory, get the record and its metrics.
+
+::
+
+    from clbench import api
+
+    record = api.run("split_digits", "replay", preset="cpu", args={"mem_size": 200}, seed=0)
+    record.metrics["avg_inc_acc"], record.accuracy_matrix          # summaries (percent) and R[i][j] (fractions)
+
+    scenario = api.scenario("split_digits", seed=0, n_experiences=5)
+    strategy = api.strategy("replay", scenario.info, preset="cpu", mem_size=200)
+    for experience in scenario.train_stream:
+        strategy.train(experience)
+    scenario.evaluator(strategy, scenario, step=4, device=strategy.device).rows["accuracy"]
+
+:func:`run` goes through the same runner as ``run_bench.py`` (same seeding, evaluation, metrics and checks) and
+writes nothing unless ``out`` is given (then the record, callback artifacts and saved state go under it, as a suite
+run's would). Unknown names and hyperparameters raise :class:`~clbench.config.ConfigError` /
+:class:`~clbench.registry.UnknownNameError` with suggestions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from clbench.config import RunSpec, ScenarioEntry, StrategyEntry, build_config, parse_callbacks, parse_suite
+from clbench.protocol import Scenario, ScenarioInfo, StrategyBase
+from clbench.registry import SCENARIOS, STRATEGIES
+from clbench.runner import RunRecord, execute
+from clbench.runner import run as run_and_write
+
+
+def scenario(name: str, seed: int = 0, **args: Any) -> Scenario:
+    """The scenario ``name`` (a SCENARIOS entry) built with ``seed`` and keyword arguments ``args``."""
+    return SCENARIOS.get(name)(seed=seed, **args)
+
+
+def strategy(name: str, info: ScenarioInfo, preset: str | None = None, device: str = "cpu",
+             **overrides: Any) -> StrategyBase:
+    """The strategy ``name`` for a scenario's ``info``: its Config from defaults, ``preset`` and ``overrides``."""
+    return STRATEGIES.get(name)(info, device, build_config(name, preset, overrides))
+
+
+def run(scenario: str, strategy: str, *, scenario_args: dict | None = None, preset: str | None = None,
+        args: dict | None = None, seed: int = 0, device: str = "auto",
+        callbacks: Sequence[dict | str] = (), out: str | Path | None = None) -> RunRecord:
+    """Train ``strategy`` on ``scenario`` with ``seed`` through the runner and return the :class:`RunRecord`
+    (``status`` is ``"failed"`` with a ``reason`` if training broke). Arguments are validated as a suite file's
+    are; ``callbacks`` are ``{"name": ..., "args": {...}}`` entries (or bare names)."""
+    parse_suite({"suite": "api", "scenarios": [{"name": scenario, "args": scenario_args or {}}],
+                 "strategies": [{"name": strategy, "preset": preset, "args": args or {}}], "seeds": [seed]},
+                source="clbench.api.run")
+    spec = RunSpec("api", ScenarioEntry(scenario, dict(scenario_args or {})),
+                   StrategyEntry(strategy, dict(args or {}), preset=preset,
+                                 callbacks=parse_callbacks("clbench.api.run callbacks", list(callbacks))),
+                   seed, device)
+    return execute(spec) if out is None else run_and_write(spec, out)
+
+
+__all__ = ["run", "scenario", "strategy"]

@@ -1,0 +1,69 @@
+"""The package is layered: no import cycle between clbench modules (module-level imports; a function-level import
+is a deliberate late binding and not followed)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1] / "clbench"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``{module: clbench modules it imports at module level}``; ``from pkg import sub`` depends on ``pkg.sub``
+    when that is a module, on ``pkg`` otherwise."""
+    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                subs = {f"{base}.{a.name}" for a in node.names} & modules.keys()
+                deps |= subs or {base}
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if not state.get(dep) and (cycle := visit(dep)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if not state.get(node) and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_between_clbench_modules():
+    graph = import_graph()
+    assert len(graph) > 40 and "clbench.callbacks" in graph["clbench.training"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    graph = {**import_graph(), "clbench.registry": {"clbench.runner"}}      # runner imports registry already
+    cycle = find_cycle(graph)
+    assert cycle is not None and cycle[0] == cycle[-1] and "clbench.registry" in cycle
