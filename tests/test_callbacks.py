@@ -87,8 +87,8 @@ def test_non_finite_loss_fails_every_loop_with_the_same_error(name, tmp_path):
     suite = _suite({name: entry}, [])
     (record,) = LocalExecutor().run_all(suite.run_specs("cpu"), tmp_path)
     assert record.status == "failed"
-    assert re.match(r"NonFiniteLossError: non-finite value \((nan|inf|-inf)\) in the training loss\. Lower the learning "
-                    r"rate", record.reason), record.reason
+    assert re.match(r"NonFiniteLossError: non-finite value \((nan|inf|-inf)\) in the training loss\. Lower the "
+                    r"learning rate", record.reason), record.reason
 
 
 def test_fit_fires_hooks_in_order_and_the_guard_stops_a_nan_loss():
