@@ -1,0 +1,210 @@
+"""Rehearsal strategies of Avalanche 0.6: A-GEM, GEM, ER-ACE, ER-AML, MIR, GSS-greedy, BiC and CoPE.
+
+Each keeps a memory of past samples and uses it in a different way (``L`` = cross-entropy on the mini-batch):
+
+- ``gem``     projects the gradient g onto ``{g̃ : ⟨g̃, g_k⟩ ≥ 0}`` for the gradients g_k of each previous
+  experience's memory (a QP; Lopez-Paz & Ranzato, 2017). ``memory_strength`` γ is added to the QP's bound.
+- ``agem``    one constraint with the memory's average gradient g_ref: ``g̃ = g - (gᵀg_ref / g_refᵀg_ref) g_ref``
+  when ``gᵀg_ref < 0`` (Chaudhry et al., 2019).
+- ``er_ace``  asymmetric cross-entropy: the incoming mini-batch is scored among its own classes only, a replayed
+  mini-batch among all (Caccia et al., 2022).
+- ``er_aml``  the incoming mini-batch trained by a supervised-contrastive loss against positives/negatives from the
+  memory, the replayed mini-batch by cross-entropy (Caccia et al., 2022).
+- ``mir``     replays the ``batch_size_mem`` memory samples (of a random ``subsample``) whose loss would rise most
+  after a virtual SGD step on the incoming mini-batch (Aljundi et al., 2019), with clbench's fix of Avalanche's
+  buffer (:class:`~clbench.strategies.avalanche_plugins.OfflineMIRPlugin`).
+- ``gss``     fills the memory greedily with samples whose gradients are least similar (cosine) to the gradients of
+  ``mem_strength`` random memory subsets (Aljundi et al., 2019, "Gradient based sample selection").
+- ``bic``     replay + distillation ``(1 - λ) L + λ L_kd`` (λ = old / all classes), then a two-parameter bias layer
+  ``α z + β`` on the previous experience's classes fitted on a held-out part of the memory (Wu et al., 2019).
+- ``cope``    an L2-normalized embedding trained with the pseudo-prototypical proxy loss against class prototypes
+  updated by momentum ``α``; nearest-prototype prediction (De Lange & Tuytelaars, 2021), with clbench's fix of
+  Avalanche's plugin (:class:`~clbench.strategies.avalanche_plugins.OfflineCoPEPlugin`).
+
+Defaults, the paper's setting (as run by ContinualAI's ``continual-learning-baselines`` reproductions where named):
+GEM 256 memories per experience (5,120 for 20 CIFAR-100 tasks), γ = 0.5; A-GEM 250 per experience, reference batch
+256 (reproduction, permuted MNIST); ER-ACE and ER-AML replay batch 10, memory 1000 (reproductions, split CIFAR-10),
+ER-AML temperature 0.1, base temperature 0.07; MIR memory 500, subsample 50, replay batch 10 (reproduction, split
+MNIST); GSS memory 300, ``mem_strength`` 10 (reproduction, split MNIST); BiC memory 2000 (CIFAR-100), 10 % of it
+held out for the bias layer, T = 2, λ adaptive, stage-2 SGD lr 0.1 for 200 epochs (Avalanche's defaults); CoPE
+memory 2000, α = 0.99, T = 0.1, 32-d embedding (reproduction, split MNIST). The training settings are
+:class:`~clbench.strategies.baselines.TrainConfig`'s and the shared ``cpu``/``full`` presets (the online papers use
+batch 10 and one epoch). Suites give every method the same memory: GEM/A-GEM as ``patterns_per_exp`` per experience.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from avalanche.training import AGEM, ER_ACE, ER_AML, GEM
+from avalanche.training.plugins import BiCPlugin, SupervisedPlugin
+from avalanche.training.templates import SupervisedTemplate
+from torch import Tensor, nn
+
+from clbench.registry import STRATEGIES
+from clbench.strategies.avalanche_plugins import (
+    CleanGradientGSSPlugin,
+    CorrectedBiCPlugin,
+    OfflineCoPEPlugin,
+    OfflineMIRPlugin,
+    PluginStrategy,
+    require_single_head,
+)
+from clbench.strategies.baselines import AvalancheStrategy, TrainConfig
+
+
+@dataclass
+class GEMConfig(TrainConfig):
+    patterns_per_exp: int = 256
+    memory_strength: float = 0.5         # γ
+
+
+@STRATEGIES.register("gem")
+class GEMStrategy(AvalancheStrategy):
+    """Gradient episodic memory: the gradient projected so no previous experience's memory loss rises (QP)."""
+
+    template_cls = GEM
+    Config = GEMConfig
+
+
+@dataclass
+class AGEMConfig(TrainConfig):
+    patterns_per_exp: int = 250
+    sample_size: int = 256               # memory samples in the reference gradient
+
+
+@STRATEGIES.register("agem")
+class AGEMStrategy(AvalancheStrategy):
+    """Averaged GEM: one projection against the gradient of a random memory batch (Chaudhry et al., 2019)."""
+
+    template_cls = AGEM
+    Config = AGEMConfig
+
+
+@dataclass
+class ERConfig(TrainConfig):
+    mem_size: int = 1000
+    batch_size_mem: int = 10
+
+
+@STRATEGIES.register("er_ace")
+class ERACEStrategy(AvalancheStrategy):
+    """ER with asymmetric cross-entropy: new samples compete only among their own classes (Caccia et al., 2022)."""
+
+    template_cls = ER_ACE
+    Config = ERConfig
+
+
+@dataclass
+class ERAMLConfig(ERConfig):
+    temp: float = 0.1
+    base_temp: float = 0.07
+    same_task_neg: bool = True
+
+
+@STRATEGIES.register("er_aml")
+class ERAMLStrategy(AvalancheStrategy):
+    """ER with asymmetric metric learning: contrastive loss on new samples, CE on replay (Caccia et al., 2022)."""
+
+    template_cls = ER_AML
+    Config = ERAMLConfig
+
+    def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
+        # Avalanche's ER_AML draws positives/negatives from per-class buffers with drop_last batches of
+        # `batch_size`: a class holding fewer samples yields no batch and its endless `cycle` never returns.
+        per_class = self.config.mem_size // self.info.n_classes
+        if per_class < self.config.batch_size:
+            raise ValueError(f"er_aml needs mem_size // n_classes >= batch_size (Avalanche's ER_AML hangs "
+                             f"otherwise): {self.config.mem_size} // {self.info.n_classes} = {per_class} < "
+                             f"{self.config.batch_size}; raise mem_size or lower batch_size.")
+        return ER_AML(model=model, feature_extractor=model.feature_extractor, criterion=nn.CrossEntropyLoss(),
+                      **common, **self.template_kwargs())
+
+
+@dataclass
+class MIRConfig(TrainConfig):
+    mem_size: int = 500
+    subsample: int = 50
+    batch_size_mem: int = 10
+
+
+@STRATEGIES.register("mir")
+class MIRStrategy(PluginStrategy):
+    """Maximally interfered retrieval: replay the samples a virtual step would hurt most (Aljundi et al., 2019)."""
+
+    plugin_cls = OfflineMIRPlugin
+    Config = MIRConfig
+
+
+@dataclass
+class GSSConfig(TrainConfig):
+    mem_size: int = 300
+    mem_strength: int = 10               # random memory subsets the candidate gradients are compared with
+
+
+@STRATEGIES.register("gss")
+class GSSStrategy(PluginStrategy):
+    """Greedy gradient-based sample selection: keep the samples with the most diverse gradients (Aljundi et al.)."""
+
+    Config = GSSConfig
+
+    def plugin(self) -> SupervisedPlugin:
+        require_single_head("gss", self.info)
+        return CleanGradientGSSPlugin(input_size=list(self.info.input_shape), **self.template_kwargs())
+
+
+@dataclass
+class BiCConfig(TrainConfig):
+    mem_size: int = 2000
+    val_percentage: float = 0.1          # share of the memory held out to fit the bias layer
+    T: float = 2.0                       # distillation temperature
+    stage_2_epochs: int = 200
+    lamb: float = -1.0                   # -1: λ = old classes / all classes
+    bias_lr: float = 0.1                 # SGD lr of the bias layer (stage 2)
+
+
+@STRATEGIES.register("bic")
+class BiCStrategy(PluginStrategy):
+    """Bias correction: replay + distillation, then a bias layer on the newest old classes (Wu et al., 2019)."""
+
+    Config = BiCConfig
+
+    def plugin(self) -> SupervisedPlugin:
+        require_single_head("bic", self.info)
+        kwargs = self.template_kwargs()
+        return CorrectedBiCPlugin(lr=kwargs.pop("bias_lr"), **kwargs)
+
+    def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
+        """Logits through the bias layer, as Avalanche's ``after_eval_forward`` applies it."""
+        plugin = next(p for p in self.template.plugins if isinstance(p, BiCPlugin))
+        logits = super().predict(x, task_labels)
+        return logits if plugin.is_first_experience else plugin.bias_forward(logits)
+
+
+@dataclass
+class CoPEConfig(TrainConfig):
+    mem_size: int = 2000
+    p_size: int = 32                     # embedding (prototype) width: the output layer replaces the classifier
+    alpha: float = 0.99                  # prototype momentum
+    T: float = 0.1                       # PPP-loss temperature
+
+
+@STRATEGIES.register("cope")
+class CoPEStrategy(PluginStrategy):
+    """Continual prototype evolution: nearest-prototype classifier, PPP loss (De Lange & Tuytelaars, 2021)."""
+
+    Config = CoPEConfig
+    head = "fixed"                       # replaced by the embedding layer
+
+    def plugin(self) -> SupervisedPlugin:
+        return OfflineCoPEPlugin(n_classes=self.info.n_classes, **self.template_kwargs())
+
+    def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
+        require_single_head("cope", self.info)
+        model.classifier = nn.Linear(model.feature_extractor.out_features, self.config.p_size)
+        return super().make_template(model, common)
+
+    def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
+        """Dot products of the normalized embedding with each seen class's prototype: ``(B, classes seen)``."""
+        plugin = next(p for p in self.template.plugins if isinstance(p, OfflineCoPEPlugin))
+        return plugin.similarities(super().predict(x, task_labels))
