@@ -34,7 +34,8 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from clbench.metrics import seen_accuracy  # noqa: E402
+from clbench.leaderboard import metric_specs, row_labels  # noqa: E402
+from clbench.metrics import MetricSpec, seen_accuracy  # noqa: E402
 
 MAX_LINES_PER_PANEL = 10      # one colour each (tab10) within a panel
 MAX_TICKS = 20                # step ticks on an axis; longer streams tick every k-th step
@@ -44,32 +45,14 @@ _LINESTYLES = ("-", "--", ":")        # 10 colours x 3 styles: 30 distinct (colo
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
-@dataclass(frozen=True)
-class Metric:
-    """What a score matrix measures (one entry of a record's ``metric_specs``)."""
-
-    name: str
-    unit: str = ""
-    higher_is_better: bool = True
-    primary: bool = False
-
-    @property
-    def scale(self) -> float:
-        """Factor from the stored fractions to the unit shown (x100 for percent)."""
-        return 100.0 if self.unit == "%" else 1.0
-
-    @property
-    def unit_text(self) -> str:
-        """`` (unit)``, or nothing for a unitless metric."""
-        return f" ({self.unit})" if self.unit else ""
-
-    @property
-    def decimals(self) -> int:
-        """Decimals of a value shown in a cell: 1 for percentages, 3 for fractions and other units."""
-        return 1 if self.unit == "%" else 3
+def unit_text(metric: MetricSpec) -> str:
+    """`` (unit)``, or nothing for a unitless metric."""
+    return f" ({metric.unit})" if metric.unit else ""
 
 
-ACCURACY = Metric("accuracy", "%", higher_is_better=True, primary=True)
+def decimals(metric: MetricSpec) -> int:
+    """Decimals of a value shown in a cell: 1 for percentages, 3 for fractions and other units."""
+    return 1 if metric.unit == "%" else 3
 
 
 @dataclass(frozen=True)
@@ -91,33 +74,27 @@ class Series:
 
 
 # ------------------------------------------------------------------------------------------------------ records
-def _name(entry: dict) -> str:
-    return entry.get("label") or entry["name"]
-
-
 def _group(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
-    """Finished records by scenario, then strategy (labels where given), strategies sorted by name."""
+    """Finished records by scenario, then strategy, under the leaderboard's row labels (so records of different
+    identities are never averaged together), strategies sorted by label."""
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
+    for r, (scenario, strategy) in zip(records, row_labels(records)):
         if r["status"] == "finished":
-            groups[_name(r["spec"]["scenario"])][_name(r["spec"]["strategy"])].append(r)
+            groups[scenario][strategy].append(r)
     return {scenario: dict(sorted(by_strategy.items())) for scenario, by_strategy in groups.items()}
 
 
-def scores(record: dict) -> dict[str, tuple[Metric, np.ndarray]]:
+def scores(record: dict) -> dict[str, tuple[MetricSpec, np.ndarray]]:
     """Every score matrix of a record with its metric, the primary metric first."""
-    if "matrices" not in record:
-        return {ACCURACY.name: (ACCURACY, np.asarray(record["accuracy_matrix"], dtype=np.float64))}
-    specs = {s["name"]: Metric(s["name"], s.get("unit", ""), s.get("higher_is_better", True), s.get("primary", False))
-             for s in record.get("metric_specs", [])}
-    out = {name: (specs.get(name, Metric(name)), np.asarray(R, dtype=np.float64))
-           for name, R in record["matrices"].items()}
+    matrices = record.get("matrices") or {"accuracy": record["accuracy_matrix"]}
+    specs = {spec.name: spec for spec in metric_specs(record)}
+    out = {name: (specs.get(name, MetricSpec(name)), np.asarray(R, dtype=np.float64)) for name, R in matrices.items()}
     return dict(sorted(out.items(), key=lambda item: not item[1][0].primary))
 
 
-def _metrics(runs: list[dict]) -> dict[str, Metric]:
+def _metrics(runs: list[dict]) -> dict[str, MetricSpec]:
     """The metrics of a scenario's records, in first-seen order (primary first within each record)."""
-    found: dict[str, Metric] = {}
+    found: dict[str, MetricSpec] = {}
     for r in runs:
         for name, (metric, _) in scores(r).items():
             found.setdefault(name, metric)
@@ -241,10 +218,10 @@ def lines_figure(series: list[Series], title: str, ylabel: str, scale: float = 1
     return fig
 
 
-def _score_curves(scenario: str, metric: Metric, by_strategy: dict[str, list[dict]]) -> Figure:
+def _score_curves(scenario: str, metric: MetricSpec, by_strategy: dict[str, list[dict]]) -> Figure:
     series = [s for label, runs in by_strategy.items() if (s := _score_series(label, runs, metric.name))]
-    return lines_figure(series, f"{scenario}: {metric.name} on the experiences seen so far{metric.unit_text}",
-                        f"{metric.name}{metric.unit_text}, seen experiences", metric.scale, metric.higher_is_better)
+    return lines_figure(series, f"{scenario}: {metric.name} on the experiences seen so far{unit_text(metric)}",
+                        f"{metric.name}{unit_text(metric)}, seen experiences", metric.scale, metric.higher_is_better)
 
 
 def _params_curves(scenario: str, series: list[Series]) -> Figure:
@@ -270,17 +247,17 @@ def _norm(values: np.ndarray, scale: float) -> Normalize:
     return Normalize(values.min() * scale, values.max() * scale)
 
 
-def _annotate(ax, data: np.ma.MaskedArray, image, decimals: int) -> None:
+def _annotate(ax, data: np.ma.MaskedArray, image, places: int) -> None:
     """Each drawn cell's value, black on light cells and white on dark ones."""
     for (i, j), value in np.ndenumerate(data.filled(np.nan)):
         if np.isnan(value):
             continue
         r, g, b, _ = image.cmap(image.norm(value))
         colour = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
-        ax.text(j, i, f"{value:.{decimals}f}", ha="center", va="center", fontsize=8, color=colour)
+        ax.text(j, i, f"{value:.{places}f}", ha="center", va="center", fontsize=8, color=colour)
 
 
-def heatmap_figure(title: str, R: np.ndarray, metric: Metric, mask_unseen: bool) -> Figure:
+def heatmap_figure(title: str, R: np.ndarray, metric: MetricSpec, mask_unseen: bool) -> Figure:
     """The seed-mean score matrix ``R`` (stored fractions) with each cell's value in the metric's unit."""
     data = heatmap_data(R * metric.scale, mask_unseen)
     rows, T = R.shape
@@ -289,7 +266,7 @@ def heatmap_figure(title: str, R: np.ndarray, metric: Metric, mask_unseen: bool)
     cmap = plt.get_cmap("viridis" if metric.higher_is_better else "viridis_r").with_extremes(bad="0.93")
     image = ax.imshow(data, cmap=cmap, norm=_norm(R, metric.scale), aspect="auto")
     if T <= MAX_ANNOTATED:
-        _annotate(ax, data, image, metric.decimals)
+        _annotate(ax, data, image, decimals(metric))
     ticks = step_ticks(T)
     ax.set_xticks(ticks - 1, labels=ticks)
     ax.set_xlabel("test experience j")
@@ -298,18 +275,18 @@ def heatmap_figure(title: str, R: np.ndarray, metric: Metric, mask_unseen: bool)
     else:
         ax.set_yticks(ticks - 1, labels=ticks)
         ax.set_ylabel("after training step i")
-    fig.colorbar(image, ax=ax, label=f"{metric.name}{metric.unit_text}")
+    fig.colorbar(image, ax=ax, label=f"{metric.name}{unit_text(metric)}")
     ax.set_title(title + ("\nj > i: not seen yet (masked)" if mask_unseen else ""), fontsize=8)
     return fig
 
 
-def _heatmap(scenario: str, strategy: str, metric: Metric, runs: list[dict]) -> Figure | None:
+def _heatmap(scenario: str, strategy: str, metric: MetricSpec, runs: list[dict]) -> Figure | None:
     pairs = _matrices(runs, metric.name)
     if not pairs:
         return None
     R, n = np.mean([R for _, R in pairs], axis=0), len(pairs)
     seeds = "1 seed" if n == 1 else f"mean of {n} seeds"
-    return heatmap_figure(f"{scenario} · {strategy}: {metric.name} R[i, j]{metric.unit_text}, {seeds}", R, metric,
+    return heatmap_figure(f"{scenario} · {strategy}: {metric.name} R[i, j]{unit_text(metric)}, {seeds}", R, metric,
                           _masks_unseen(pairs[0][0], R))
 
 

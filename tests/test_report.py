@@ -8,7 +8,7 @@ import pytest
 from matplotlib.colors import to_rgb
 
 from clbench import report
-from clbench.metrics import seen_accuracy
+from clbench.metrics import ACCURACY, seen_accuracy
 
 T = 3
 CI = np.array([[0.9, 0.0, 0.0], [0.5, 0.8, 0.1], [0.3, 0.4, 0.7]])
@@ -18,7 +18,8 @@ def record(scenario: str, strategy: str, seed: int, R, status: str = "finished",
     """A record as the runner writes it (``accuracy_matrix``); ``totals`` are the parameters per row."""
     R = np.asarray(R, dtype=float)
     return {"run_id": f"{scenario}__{strategy}__s{seed}", "status": status, "seed": seed,
-            "spec": {"scenario": {"name": scenario, "label": ""}, "strategy": {"name": strategy, "label": ""}},
+            "spec": {"suite": "s", "scenario": {"name": scenario, "label": ""},
+                     "strategy": {"name": strategy, "label": ""}},
             "accuracy_matrix": R.tolist(), "test_sizes": [10, 20, 30][: R.shape[1]],
             "params_per_step": [{"total": t, "trainable": t} for t in (totals or [100] * len(R))],
             "scenario_info": {"task_aware": False, "domain_incremental": False, **info}}
@@ -78,7 +79,7 @@ def test_files_written_for_every_metric_and_strategy_failed_records_ignored(tmp_
 
 def test_records_without_matrices_fall_back_to_accuracy_as_primary_metric_in_percent():
     (metric, R), = report.scores(RECORDS[0]).values()
-    assert metric == report.ACCURACY and metric.unit == "%" and metric.primary and metric.scale == 100
+    assert metric == ACCURACY and metric.unit == "%" and metric.primary and metric.scale == 100
     np.testing.assert_array_equal(R, CI)
     assert list(report.scores(ranking_record("naive", 0))) == ["ndcg@10", "hit@10"]     # primary first
 
@@ -155,3 +156,13 @@ def test_many_strategies_split_into_panels_of_distinct_lines_ranked_by_final_val
         assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1   # legend outside axes
         finals += [line.get_ydata()[-1] for line in lines]
     assert finals == sorted(finals, reverse=True) and len(finals) == n
+
+
+def test_records_of_different_identities_are_never_averaged_into_one_line(drawn):
+    """Two replay runs under one label with different memories (seeds 0 and 1): two lines labelled by the key that
+    differs, as the leaderboard's rows are, not one mean over 'two seeds'."""
+    small, large = record("split", "replay", 0, CI), record("split", "replay", 1, CI * 0.5)
+    small["strategy_config"], large["strategy_config"] = {"mem_size": 20}, {"mem_size": 200}
+    fig = drawn([small, large], only={"split__accuracy.png"})["split__accuracy.png"]
+    labels = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
+    assert labels == {"replay [mem_size=20]", "replay [mem_size=200]"}
