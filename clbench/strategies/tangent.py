@@ -21,23 +21,22 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-import clbench.tangent.commands  # noqa: F401 - registers `run_bench.py pretrain` and `run_bench.py forget`
 from clbench import tasks
 from clbench.cl import experience_tensors
-from clbench.protocol import ParamCount, ScenarioInfo
+from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
 from clbench.registry import MODELS, STRATEGIES
 from clbench.tangent import ShardComposition, cache_prefix, delta_hash, linearize, reset_blocks, split_shards
 from clbench.tangent.losses import tangent_objective
 from clbench.tangent.members import MemberJob, train_delta, train_tail
 from clbench.tangent.tail import TailModel
-from clbench.tangent.train import OPTIMIZERS, FitSettings, fit
+from clbench.training import OPTIMIZERS, FitSettings, fit
 
 WEIGHTINGS = ("uniform", "samples")
 
@@ -136,16 +135,15 @@ class RemovalRecord:
         return asdict(self)
 
 
-class PrefixFineTuning:
+class PrefixFineTuning(StrategyBase):
     """A ViT ``w0`` whose blocks before the last ``k`` are frozen and cached: the shared part of every strategy here
     (model construction, cached inputs, prediction, parameter counts). Subclasses train and deploy."""
 
-    offline: ClassVar[bool] = False
     Config: ClassVar[type] = FineTuneConfig
     PRESETS: ClassVar[dict[str, dict]] = {"cpu": CPU, "full": FULL}
 
     def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
-        self.info, self.device, self.config = info, torch.device(device), config
+        super().__init__(info, device, config)
         vit = MODELS.get("vit")(info, **{**config.model_args, "fused_attn": False, "init": config.init})
         if config.reset:
             reset_blocks(vit, config.last_blocks)
@@ -302,8 +300,9 @@ class ShardedFineTuning(PrefixFineTuning):
         jobs = []
         for key in keys:
             (inputs, targets), index = data[key], self.shards[key][1].to(self.device)
+            context = replace(self.callbacks.context, modules=dict, member=f"shard{key}")
             jobs.append(MemberJob(self._member_w0(), inputs[index], targets[index], self.objective,
-                                  self.config.fit_settings, self.seed + key))
+                                  self.config.fit_settings, self.seed + key, self.callbacks.specs(), context))
         return dict(zip(keys, tasks.current().map(self.train_member, jobs)))
 
     def _add(self, key: int, state: dict[str, Tensor]) -> None:
@@ -429,8 +428,8 @@ class Nlft(PrefixFineTuning):
     def train(self, experience: Any) -> None:
         x, y = experience_tensors(experience)
         self.model.train()
-        fit(self.model, self.model.parameters(), self._inputs(x), y.to(self.device), self.objective,
-            self.config.fit_settings, self.seed + self.steps)
+        fit(self.model, self.model, self.model.parameters(), self._inputs(x), y.to(self.device), self.objective,
+            self.config.fit_settings, self.seed + self.steps, self.callbacks)
         self.model.eval()
         self.steps += 1
 
