@@ -300,9 +300,12 @@ def resolve_suite_path(suite: str) -> Path:
     return shipped[suite]
 
 
-def _entry_list(where: str, raw: Any, keys: tuple[str, ...]) -> list[dict]:
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{where}: expected a non-empty list of entries, each a mapping with keys {keys}.")
+def _entry_list(where: str, raw: Any, keys: tuple[str, ...], allow_empty: bool = False) -> list[dict]:
+    """``raw`` as a list of mappings with a 'name' (a bare string is ``{name: string}``), only ``keys`` and a mapping
+    as ``args``."""
+    if not isinstance(raw, list) or not (raw or allow_empty):
+        raise ConfigError(f"{where}: expected a {'' if allow_empty else 'non-empty '}list of entries, each a mapping "
+                          f"with keys {keys}.")
     out = []
     for i, item in enumerate(raw):
         item = {"name": item} if isinstance(item, str) else item
@@ -350,21 +353,13 @@ def _check_seeds(where: str, seeds: Any) -> None:
 def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
     """Validate a list of callback entries (``{name, args}``; a bare name is ``{name}``) against :data:`CALLBACKS`
     and each factory's keyword arguments."""
-    if not isinstance(raw, list):
-        raise ConfigError(f"{where}: expected a list of callbacks, each {{name: ..., args: {{...}}}}, got {raw!r}.")
     out = []
-    for i, item in enumerate(raw):
-        item = {"name": item} if isinstance(item, str) else item
-        if not isinstance(item, dict) or "name" not in item:
-            raise ConfigError(f"{where}[{i}]: each callback needs a 'name' (got {item!r}).")
-        _check_keys(f"{where}[{i}]", item, CALLBACK_KEYS)
+    for i, item in enumerate(_entry_list(where, raw, CALLBACK_KEYS, allow_empty=True)):
         try:
             factory = CALLBACKS.get(item["name"])
         except KeyError as exc:
             raise ConfigError(f"{where}[{i}]: {exc}") from None
         args = item.get("args", {})
-        if not isinstance(args, dict):
-            raise ConfigError(f"{where}[{i}].args: expected a mapping, got {args!r}.")
         params = inspect.signature(factory).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             _check_keys(f"{where}[{i}].args (callback {item['name']!r})", args, list(params))
