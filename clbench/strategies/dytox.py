@@ -299,8 +299,10 @@ class DyToxTemplate(PhasedTemplate, SupervisedTemplate):
 # ----------------------------------------------------------------------------------------------------- strategy
 @STRATEGIES.register("dytox")
 class DyTox(StrategyBase):
-    """DyTox behind the strategy contract (class-incremental: task labels are ignored, ``predict`` scores all seen
-    classes); its template fires the strategy's callbacks."""
+    """DyTox: a transformer with one task token and classifier per task, herding rehearsal (Douillard et al., 2022).
+
+    Class-incremental (task labels are ignored, ``predict`` scores all seen classes); its template fires the
+    strategy's callbacks."""
 
     offline = False
     Config = DyToxConfig
