@@ -204,7 +204,7 @@ def to_markdown(table: pd.DataFrame, title: str = "") -> str:
         cells = [str(r["suite"]), str(r["scenario"]), str(r["strategy"]), str(r["preset"]), str(r["overrides"]),
                  seeds, *(pm(r, m) for m in shown), *cost]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    machines = sorted({m for m in table.get("machine", []) if m})
+    machines = sorted({m for row in table.get("machine", []) for m in str(row).split("; ") if m})
     if machines:
         lines += ["", "Machine: " + "; ".join(machines)]
     return "\n".join(lines) + "\n"
