@@ -50,8 +50,10 @@ CASES = {
     "gss": ({"mem_size": 60, "mem_strength": 2}, "all"),
     "bic": ({"mem_size": 60, "stage_2_epochs": 5}, "all"),
     "cope": ({"mem_size": 60, "alpha": 0.5}, "seen"),          # its eval loss needs prototypes of the classes
+    "feature_replay": ({"mem_size": 60}, "all"),
+    "mer": ({"mem_size": 60, "n_inner_steps": 1}, "all"),
 }
-FULL_DATA = {"replay", "icarl", "der_dark", "bic", "cope"}     # also on real MNIST: their own prediction paths
+FULL_DATA = {"replay", "icarl", "der_dark", "bic", "cope", "feature_replay"}   # also on MNIST: own prediction paths
 
 
 @pytest.mark.parametrize("name, scenario_name", [(name, scenario) for name in CASES for scenario in SCENARIOS_USED

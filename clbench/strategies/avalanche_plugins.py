@@ -28,15 +28,23 @@ Coverage of ``avalanche.training`` (the ``SupervisedTemplate`` subclasses Avalan
 Registered in ``baselines.py``          Naive, Cumulative, JointTraining, Replay, EWC, LwF, ICaRL, DER, GDumb
 Registered in ``regularization.py``     SynapticIntelligence (``si``), MAS, LFL, EWC ``mode="online"``
                                         (``ewc_online``), and RWalk (``RWalkPlugin``; Avalanche has no template)
-Registered in ``rehearsal.py``          AGEM, GEM, ER_ACE, ER_AML, MIR, GSS_greedy (``gss``), BiC, CoPE
+Registered in ``rehearsal.py``          AGEM, GEM, ER_ACE, ER_AML, MIR, GSS_greedy (``gss``), BiC, CoPE,
+                                        FeatureReplay, MER
 Skipped: not classification             AETraining, VAETraining (autoencoders, no labels predicted)
 Skipped: needs downloaded weights       AR1 (ImageNet-pretrained MobileNetV1 with batch renormalization),
                                         ExpertGateStrategy (pretrained AlexNet), LearningToPrompt (pretrained timm ViT)
 Skipped: its own fixed architecture     PNNStrategy (its PNN columns replace clbench's backbone; task labels only),
                                         PackNet (needs a ``PackNetModel``-wrapped backbone and task labels at test)
 Skipped: needs a pretrained backbone    StreamingLDA (a frozen pretrained feature extractor + streaming LDA head),
-                                        FeatureReplay (replays a frozen layer's features)
-Skipped: not yet wrapped                CWRStar, FromScratchTraining, GenerativeReplay, MER, SCR
+                                        CWRStar (freezes the backbone after experience 0; trained from scratch here
+                                        with a bias-free output layer, only experience 0's classes were ever
+                                        predicted: last-step accuracy 1.0 / 0.996 on experience 0, 0 on the others,
+                                        split digits / split MNIST 500 per class, 2 epochs)
+Not wrapped yet                         GenerativeReplay (needs a VAE generator built for the input shape; Avalanche's
+                                        default is MNIST-only), SCR (needs an ``SCRModel`` projection head, tensor
+                                        augmentations and its nearest-class-mean eval hook in ``predict``),
+                                        FromScratchTraining (a reference point beside naive: re-initializes the model
+                                        every experience; it belongs with the baselines)
 Not separate strategies                 OnlineNaive (Naive for online streams; clbench's experiences are offline);
                                         LwF has one variant in Avalanche 0.6 (registered as ``lwf``)
 ======================================  ==============================================================================
