@@ -38,8 +38,10 @@ ER-AML temperature 0.1, base temperature 0.07; MIR memory 500, subsample 50, rep
 MNIST); GSS memory 300, ``mem_strength`` 10 (reproduction, split MNIST); BiC memory 2000 (CIFAR-100), 10 % of it
 held out for the bias layer, T = 2, λ adaptive, stage-2 SGD lr 0.1 for 200 epochs (Avalanche's defaults); CoPE
 memory 2000, α = 0.99, T = 0.1, 32-d embedding (reproduction, split MNIST); feature replay memory 200, replay
-batch 10 and MER memory 200, replay batch 10, 5 inner steps, β = γ = 0.1 (Avalanche's defaults). The training
-settings are
+batch 10 and MER memory 200, replay batch 10, 5 inner steps, β = γ = 0.1 (Avalanche's defaults). Avalanche's own
+defaults, where they differ (clbench takes the values above): A-GEM reference batch 64, ER-ACE/ER-AML memory 200,
+MIR subsample 200, GSS memory 200 and ``mem_strength`` 1, BiC memory 200 (its plugin: 2000), CoPE memory 200 and
+100-d prototypes. The training settings are
 :class:`~clbench.strategies.baselines.TrainConfig`'s and the shared ``cpu``/``full`` presets (the online papers use
 batch 10 and one epoch). Suites give every method the same memory: GEM/A-GEM as ``patterns_per_exp`` per experience.
 """
