@@ -47,9 +47,6 @@ class CallbackSpec:
     name: str
     args: dict = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        return {"name": self.name, "args": dict(self.args)}
-
 
 @dataclass
 class CallbackContext:
