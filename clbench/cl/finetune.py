@@ -27,7 +27,8 @@ class Phase:
     """One training pass over an experience.
 
     The per-epoch learning rate (:meth:`lr_at`) is timm's: a linear warm-up from ``warmup_lr`` over
-    ``warmup_epochs``, then constant ``lr`` or, with ``cosine``, ``min_lr + ½(lr - min_lr)(1 + cos(π e / E))``.
+    ``warmup_epochs``, then constant ``lr`` or, with ``cosine``, ``min_lr + ½(lr - min_lr)(1 + cos(π e / E))``;
+    ``milestones`` multiply the lr by ``lr_decay`` at each milestone epoch reached (step schedule, DER's).
     ``freeze_extractor`` and ``memory_only`` are applied by :class:`PhasedTemplate`; ``task_losses`` (the task
     phase's losses beyond classification: DyTox's distillation and divergence head, DER's auxiliary head) and
     ``freeze_old_tasks`` (the parameters of earlier tasks) are flags for the strategy's own hooks.
@@ -39,6 +40,8 @@ class Phase:
     warmup_lr: float = 0.0
     min_lr: float = 0.0
     cosine: bool = False
+    milestones: tuple[int, ...] = ()
+    lr_decay: float = 0.1
     task_losses: bool = False
     freeze_old_tasks: bool = False
     freeze_extractor: bool = False
@@ -49,7 +52,7 @@ class Phase:
         if epoch < self.warmup_epochs:
             return self.warmup_lr + epoch * (self.lr - self.warmup_lr) / self.warmup_epochs
         if not self.cosine:
-            return self.lr
+            return self.lr * self.lr_decay ** sum(m <= epoch for m in self.milestones)
         return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * epoch / self.epochs))
 
 
