@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -14,6 +15,9 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)     # two xdist workers share the two cores
+    # run_bench.py's --jobs default: one run at a time in the test process, as the tests that count calls or patch
+    # clbench expect (the parallel local executor is tested in tests/test_executors.py)
+    os.environ.setdefault("CLBENCH_JOBS", "1")
 
 
 @pytest.fixture

@@ -1,0 +1,159 @@
+"""A pool of spawned worker processes, each running one job at a time, that knows which job a dead worker had.
+
+:class:`concurrent.futures.ProcessPoolExecutor` cannot say which item a worker was running when it died (a kill, the
+OOM killer, a segfault): the whole pool breaks. The local executor's ``--jobs N`` needs exactly that, to record that
+run as failed (or run it again) while the others go on, so it uses this pool::
+
+    with WorkerPool(2, setup, (threads, modules)) as pool:
+        for item, outcome in pool.imap_unordered(fn, items, retries=1):
+            ...   # outcome: fn(item)'s return value, or a WorkerLost after 1 + retries lost attempts
+
+- Workers are started with ``spawn`` (safe with threads and CUDA), call ``setup(*setup_args)`` once, then run
+  ``fn(item)`` for each item sent to them. They are not daemons, so a job may start processes of its own (the
+  shard-member pool of ``--shard-workers``), and they ignore SIGINT: Ctrl-C reaches the parent, which stops them.
+- An exception raised by ``fn`` is re-raised in the parent (``fn`` should return failures as values; an exception
+  is a set-up error that every item would repeat, such as a missing dataset). A worker that exits during a job is
+  replaced; its job runs again up to ``retries`` times, then yields :class:`WorkerLost`.
+- Leaving the ``with`` block (normally, by an exception or by Ctrl-C) kills the workers that are still running:
+  jobs not yet finished are lost, finished ones were already yielded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """A job whose worker process exited before answering, ``attempts`` times; ``exitcode`` of the last one
+    (negative: killed by that signal)."""
+
+    exitcode: int | None
+    attempts: int
+
+    @property
+    def reason(self) -> str:
+        how = (f"killed by signal {signal.Signals(-self.exitcode).name}"
+               if self.exitcode is not None and self.exitcode < 0 else f"exit code {self.exitcode}")
+        return (f"WorkerLost: the worker process running this job died ({how}), {self.attempts} time(s) "
+                f"(retries: {self.attempts - 1}); out of memory is a common cause")
+
+
+def _main(conn: Connection, setup: Callable[..., None], setup_args: tuple) -> None:
+    """A worker's life: set up once, then answer ``(fn, item)`` with ``("ok", result)`` or ``("error", exc)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup(*setup_args)
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        fn, item = message
+        try:
+            answer = ("ok", fn(item))
+        except BaseException as exc:  # noqa: BLE001 - handed to the parent, which re-raises it
+            answer = ("error", exc)
+        try:
+            conn.send(answer)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception: say what it was
+            conn.send(("error", RuntimeError(f"{type(answer[1]).__name__} could not be sent back: {exc}")))
+
+
+class _Worker:
+    def __init__(self, context, setup: Callable[..., None], setup_args: tuple) -> None:
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_main, args=(child, setup, setup_args), daemon=False)
+        self.process.start()
+        child.close()
+        self.job: tuple[int, Any] | None = None        # (index, item) being run
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+class WorkerPool:
+    """``workers`` spawned processes (see the module docstring); a context manager."""
+
+    def __init__(self, workers: int, setup: Callable[..., None], setup_args: tuple = ()) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.size, self.setup, self.setup_args = workers, setup, setup_args
+        self.context = multiprocessing.get_context("spawn")
+        self.workers: list[_Worker] = []
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill the workers still running (a job in progress is lost)."""
+        for worker in self.workers:
+            if worker.job is None and worker.process.is_alive():
+                try:
+                    worker.conn.send(None)              # idle: let it exit on its own
+                    worker.process.join(timeout=5)
+                except (OSError, BrokenPipeError):
+                    pass
+            worker.stop()
+        self.workers = []
+
+    def _start(self) -> _Worker:
+        worker = _Worker(self.context, self.setup, self.setup_args)
+        self.workers.append(worker)
+        return worker
+
+    def imap_unordered(self, fn: Callable[[Any], Any], items: Sequence[Any],
+                       retries: int = 0) -> Iterator[tuple[Any, Any]]:
+        """``(item, fn(item))`` as jobs finish, or ``(item, WorkerLost)`` for a job whose worker died
+        ``1 + retries`` times. ``fn`` must be a module-level function (it is pickled to the workers)."""
+        queue = deque(enumerate(items))
+        attempts = [0] * len(items)
+        while len(self.workers) < min(self.size, len(items)):
+            self._start()
+        busy = 0
+        while queue or busy:
+            for worker in self.workers:
+                if worker.job is None and queue:
+                    worker.job = queue.popleft()
+                    attempts[worker.job[0]] += 1
+                    worker.conn.send((fn, worker.job[1]))
+                    busy += 1
+            running = [w for w in self.workers if w.job is not None]
+            ready = wait([w.conn for w in running] + [w.process.sentinel for w in running])
+            for worker in running:
+                index, item = worker.job
+                if worker.conn in ready:
+                    try:
+                        status, value = worker.conn.recv()
+                    except EOFError:            # the worker died: wait for its exit code below
+                        worker.process.join()
+                    else:
+                        worker.job, busy = None, busy - 1
+                        if status == "error":
+                            raise value
+                        yield item, value
+                        continue
+                if not worker.process.is_alive():
+                    worker.process.join()
+                    lost = WorkerLost(worker.process.exitcode, attempts[index])
+                    worker.job, busy = None, busy - 1
+                    worker.stop()
+                    self.workers.remove(worker)
+                    self._start()
+                    if attempts[index] <= retries:
+                        queue.appendleft((index, item))
+                    else:
+                        yield item, lost
