@@ -1,0 +1,289 @@
+"""DER: Dynamically Expandable Representation (Yan, Xie and He, CVPR 2021), following the paper and its official
+code (``Rhyssiyan/DER-ClassIL.pytorch``, ``exps/der_womask/cifar100/b0/10steps``). Registered as ``der``
+(Avalanche's dark experience replay is ``der_dark``).
+
+Per task ``t`` (``|C_1:t-1|`` old classes, ``|C_t|`` new ones), with the network of :mod:`clbench.models.der`:
+
+1. Expansion: ``F_t`` is added as a copy of ``F_{t-1}``; ``F_1..F_{t-1}`` are frozen (no gradient, eval mode);
+   the unified classifier ``W_H`` over ``Φ_t(x) = [F_1(x); ...; F_t(x)]`` is rebuilt with the old weights copied
+   in; for ``t > 1`` an auxiliary classifier ``W_a: (B, d) -> (B, |C_t| + 1)`` is created on ``F_t`` alone.
+2. Training on ``D_t ∪ M`` (SGD, momentum 0.9, weight decay 5e-4, linear warm-up then step decay) with
+
+       L = L_H + λ_a · L_a,          λ_a = 1 for t > 1 (no auxiliary loss on the first task)
+       L_H = CE(W_H Φ_t(x), y)
+       L_a = CE(W_a F_t(x), y_a),    y_a = 0 if y < |C_1:t-1| else y - |C_1:t-1| + 1   (all old classes -> "old")
+
+3. Memory update: iCaRL herding on ``Φ_t(x)`` under the global budget ``K`` (``config.memory``, a kind in
+   :data:`clbench.cl.MEMORIES`; ``|M| <= K`` is checked after every update).
+4. Classifier correction for ``t > 1``, one of :data:`CORRECTIONS` (``config.correction``):
+
+   - ``retrain`` (the official "classifier learning stage", the default): ``W_H`` re-initialized, then trained
+     alone on the class-balanced memory with all extractors frozen, ``CE(W_H Φ_t(x) / T, y)``, ``T = 5``,
+     30 epochs, SGD lr 0.1, decayed ×0.1 at epoch 15 (:func:`clbench.cl.balanced_finetuning` with the step schedule).
+   - ``weight_align`` (Zhao et al., CVPR 2020; PyCIL's DER): the rows of the new classes are scaled,
+     ``W_new ← γ W_new`` with ``γ = mean_{c old} ‖W_c‖ / mean_{c new} ‖W_c‖``.
+   - ``none``.
+
+The loop is Avalanche's :class:`SupervisedTemplate` with :class:`clbench.cl.PhasedTemplate` (phases, memory-only
+dataset, frozen extractors, per-epoch lr); DER overrides the expansion, the optimizer, the forward pass and the
+criterion; the strategy's callbacks are bridged into it. Not implemented: the paper's optional channel-mask pruning
+(docs/der.md), the official warm-up's classifier reset at the end of warm-up, and its extra ColorJitter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from avalanche.training.plugins import EvaluationPlugin
+from avalanche.training.templates import SupervisedTemplate
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from clbench.callbacks import bridge
+from clbench.cl import MEMORIES, Memory, Phase, PhasedTemplate, balanced_finetuning, build_memory, dataset_features
+from clbench.models.checkpoint import load_weights
+from clbench.models.classifier import build_backbone
+from clbench.models.der import DERNet, DEROutput, der_linear
+from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
+from clbench.registry import STRATEGIES
+from clbench.training import OPTIMIZERS
+
+
+# ------------------------------------------------------------------------------------------------------- config
+@dataclass
+class DERConfig:
+    """Hyperparameters; the defaults are the official CIFAR-100 B0 setting (the ``full`` preset)."""
+
+    model: str = "resnet18"                      # a MODELS name for every F_t ("auto": the scenario's default)
+    model_args: dict = field(default_factory=dict)
+    init: str | None = None                      # local checkpoint loaded into F_1
+    copy_old_classifier: bool = True             # copy W_H's old block when it is rebuilt
+    mem_size: int = 2000                         # global rehearsal budget K
+    memory: str = "herding"                      # a kind in clbench.cl.MEMORIES
+    epochs: int = 170                            # per task t > 1
+    milestones: tuple[int, ...] = (100, 120)     # lr × lr_decay at these epochs
+    first_epochs: int = 200                      # task 1 (official "pretrain" stage)
+    first_milestones: tuple[int, ...] = (60, 120, 160)
+    lr_decay: float = 0.1
+    warmup_epochs: int = 10                      # linear warm-up from 0 (tasks t > 1)
+    batch_size: int = 128
+    eval_batch_size: int = 256
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    aux_lambda: float = 1.0                      # λ_a
+    correction: str = "retrain"                  # a key of CORRECTIONS
+    retrain_epochs: int = 30
+    retrain_lr: float = 0.1
+    retrain_milestones: tuple[int, ...] = (15,)
+    retrain_weight_decay: float = 5e-4
+    retrain_temperature: float = 5.0             # T
+    retrain_reset: bool = True                   # re-initialize W_H before re-training it (official)
+
+    def __post_init__(self) -> None:
+        if self.correction not in CORRECTIONS:
+            raise ValueError(f"correction must be one of {sorted(CORRECTIONS)}, got {self.correction!r}")
+        if self.memory not in MEMORIES.names():
+            raise ValueError(f"memory must be one of {MEMORIES.names()}, got {self.memory!r}")
+        if min(self.epochs, self.first_epochs, self.batch_size) < 1 or self.retrain_epochs < 0:
+            raise ValueError("epochs, first_epochs and batch_size must be positive, retrain_epochs >= 0")
+        if self.retrain_temperature <= 0:
+            raise ValueError(f"retrain_temperature must be > 0, got {self.retrain_temperature}")
+        self.milestones, self.first_milestones = tuple(self.milestones), tuple(self.first_milestones)
+        self.retrain_milestones = tuple(self.retrain_milestones)
+
+
+_CPU = {"batch_size": 32, "eval_batch_size": 512, "warmup_epochs": 0, "milestones": (), "first_milestones": (),
+        "retrain_milestones": ()}
+PRESETS: dict[str, dict] = {
+    "full": {},                                   # official CIFAR-100 B0 (ResNet-18, GPU; not run here)
+    # CPU scale (not the paper's schedule): CIFAR ResNet-32 at width 8 per extractor (~0.12M parameters each),
+    # batch 32, 6 epochs per task (10 for the first), constant lr, 10 re-training epochs.
+    "cpu": {**_CPU, "model": "resnet32", "model_args": {"width": 8}, "epochs": 6, "first_epochs": 10,
+            "lr": 0.05, "retrain_epochs": 10, "retrain_lr": 0.05},
+    # Digits / MNIST scale: the scenario's default backbone (MLP), 10 epochs per task, 10 re-training epochs.
+    "micro": {**_CPU, "model": "auto", "epochs": 10, "first_epochs": 10, "lr": 0.05, "mem_size": 200,
+              "retrain_epochs": 10, "retrain_lr": 0.05},
+}
+
+
+# ------------------------------------------------------------------------------------------------------- losses
+def aux_targets(y: Tensor, n_old: int) -> Tensor:
+    """Targets of the auxiliary head ``(B,)``: 0 for every old class (``y < n_old``), ``y - n_old + 1`` for a new
+    class, so column 0 is "old" and columns ``1..|C_t|`` are the new classes in order."""
+    return torch.where(y >= n_old, y - n_old + 1, torch.zeros_like(y))
+
+
+def weight_align(classifier: nn.Linear, n_new: int) -> float:
+    """Weight aligning (Zhao et al., 2020): scale the last ``n_new`` rows of ``W`` by
+    ``γ = mean_{old c} ‖W_c‖₂ / mean_{new c} ‖W_c‖₂`` in place; returns ``γ``."""
+    with torch.no_grad():
+        norms = classifier.weight.norm(dim=1)
+        gamma = norms[:-n_new].mean() / norms[-n_new:].mean()
+        classifier.weight[-n_new:] *= gamma
+    return float(gamma)
+
+
+# ------------------------------------------------------------------------------------------------------- phases
+def task_phase(config: DERConfig, t: int) -> Phase:
+    """Task ``t`` (0-based) on ``D_t ∪ M``: SGD with warm-up (``t > 0``) and step decay; the auxiliary loss and
+    the frozen old extractors from ``t = 1`` on."""
+    first = t == 0
+    return Phase(epochs=config.first_epochs if first else config.epochs, lr=config.lr,
+                 warmup_epochs=0 if first else config.warmup_epochs, lr_decay=config.lr_decay,
+                 milestones=config.first_milestones if first else config.milestones,
+                 task_losses=not first and config.aux_lambda > 0, freeze_old_tasks=not first)
+
+
+def retrain_phase(config: DERConfig) -> Phase:
+    """The classifier learning stage: memory only, every extractor frozen, step schedule."""
+    return dataclasses.replace(balanced_finetuning(config.retrain_epochs, config.retrain_lr),
+                               milestones=config.retrain_milestones, lr_decay=config.lr_decay)
+
+
+# ----------------------------------------------------------------------------------------------------- template
+class DERTemplate(PhasedTemplate, SupervisedTemplate):
+    """Avalanche's supervised loop with DER's hooks; phases run through :meth:`PhasedTemplate.run_phase`."""
+
+    def __init__(self, *, model: DERNet, info: ClassificationInfo, config: DERConfig, memory: Memory,
+                 device: torch.device) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="No loggers specified")
+            super().__init__(model=model, optimizer=torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.0),
+                             criterion=nn.Identity(), train_mb_size=config.batch_size, train_epochs=1,
+                             eval_mb_size=config.eval_batch_size, device=device,
+                             evaluator=EvaluationPlugin(loggers=[]), eval_every=-1)
+        self.info, self.config, self.memory = info, config, memory
+        self.phase = task_phase(config, 0)
+        self.aux_head: nn.Linear | None = None
+        self.n_old = 0
+
+    def feature_extractor(self) -> nn.Module:
+        return self.model.extractors
+
+    def model_adaptation(self, model=None) -> DERNet:
+        """Expansion when a new task starts (``F_t``, ``W_H``, the auxiliary head); before re-training, ``W_H``
+        re-initialized (``retrain_reset``). :class:`PhasedTemplate` freezes the extractors while re-training; frozen
+        parameters lose their stale ``.grad``, so no frozen extractor holds a gradient during a phase."""
+        t = self.experience.current_experience
+        if self.phase.memory_only:
+            if self.config.retrain_reset:
+                self.model.classifier.reset_parameters()
+        elif self.model.n_tasks == t:                                        # a new task starts
+            self.n_old = self.model.n_classes
+            n_new = self.info.classes_per_experience[t]
+            self.model.add_task(n_new)
+            self.aux_head = der_linear(self.model.out_dim, n_new + 1) if self.phase.task_losses else None
+        model = super().model_adaptation(model)
+        for p in self.model.parameters():              # frozen parameters drop the gradients of their last phase
+            if not p.requires_grad:
+                p.grad = None
+        return model
+
+    def make_optimizer(self, **kwargs) -> None:
+        """``config.optimizer`` over the trainable parameters (and the auxiliary head in a task phase). Avalanche
+        also calls this once before the first expansion, when there is nothing to optimize yet: skipped."""
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if not trainable:
+            return
+        cfg = self.config
+        if self.phase.memory_only:
+            make = partial(OPTIMIZERS.get(cfg.optimizer), weight_decay=cfg.retrain_weight_decay)
+        else:
+            make = partial(OPTIMIZERS.get(cfg.optimizer), weight_decay=cfg.weight_decay)
+            if self.aux_head is not None:
+                trainable += list(self.aux_head.to(self.device).parameters())
+        self.optimizer = make(trainable, lr=self.phase.lr, momentum=cfg.momentum)
+
+    def forward(self) -> DEROutput:
+        return self.model(self.mb_x)
+
+    def criterion(self) -> Tensor:
+        out: DEROutput = self.mb_output
+        if self.phase.memory_only:
+            return F.cross_entropy(out.logits / self.config.retrain_temperature, self.mb_y)
+        loss = F.cross_entropy(out.logits, self.mb_y)
+        if self.phase.task_losses and self.aux_head is not None:
+            aux = self.aux_head(out.features[-1])
+            loss = loss + self.config.aux_lambda * F.cross_entropy(aux, aux_targets(self.mb_y, self.n_old))
+        return loss
+
+
+# -------------------------------------------------------------------------------------------------- corrections
+def _retrain(strategy: DER, experience) -> None:
+    strategy.template.run_phase(retrain_phase(strategy.config), experience)
+
+
+def _weight_align(strategy: DER, experience) -> None:
+    t = experience.current_experience
+    if t > 0:
+        weight_align(strategy.model.classifier, strategy.info.classes_per_experience[t])
+
+
+# name -> correction(strategy, experience), run after the memory update of every task
+CORRECTIONS: dict[str, Callable[[DER, object], None]] = {
+    "retrain": _retrain,
+    "weight_align": _weight_align,
+    "none": lambda strategy, experience: None,
+}
+
+
+# ----------------------------------------------------------------------------------------------------- strategy
+@STRATEGIES.register("der")
+class DER(StrategyBase):
+    """DER: one new frozen-after-use feature extractor per task, herding rehearsal (Yan et al., 2021).
+
+    Class-incremental (task labels are ignored, ``predict`` scores all seen classes); its template fires the
+    strategy's callbacks."""
+
+    offline = False
+    Config = DERConfig
+    PRESETS = PRESETS
+
+    def __init__(self, info: ClassificationInfo, device: torch.device | str, config: DERConfig) -> None:
+        super().__init__(info, device, config)
+        self.model = DERNet(partial(self._first_extractor, info, config), config.copy_old_classifier)
+        self.memory = build_memory(config.memory, config.mem_size)
+        self.template = DERTemplate(model=self.model, info=info, config=config, memory=self.memory,
+                                    device=self.device)
+        bridge(self.template, self.callbacks)
+
+    @staticmethod
+    def _first_extractor(info: ClassificationInfo, config: DERConfig) -> nn.Module:
+        extractor = build_backbone(info, config.model, config.model_args)
+        if config.init:
+            load_weights(extractor, config.init)
+        return extractor
+
+    def train(self, experience) -> None:
+        self.template.run_phase(task_phase(self.config, experience.current_experience), experience)
+        self.memory.update(experience.dataset, self.dataset_features)
+        CORRECTIONS[self.config.correction](self, experience)
+
+    @torch.no_grad()
+    def features(self, x: Tensor) -> Tensor:
+        """Herding features ``Φ_t(x) = [F_1(x); ...; F_t(x)]``: ``(B, t·d)``."""
+        self.model.eval()
+        return torch.cat(self.model.features(x.to(self.device)), dim=1)
+
+    def dataset_features(self, dataset) -> Tensor:
+        """:meth:`features` of every sample of an Avalanche dataset (eval transforms): ``(n, t·d)`` on CPU."""
+        return dataset_features(dataset, self.features, self.config.eval_batch_size, self.device)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
+        self.model.eval()
+        return self.model(x.to(self.device)).logits
+
+    def num_parameters(self) -> ParamCount:
+        """The deployed network: the extractors and ``W_H`` (the auxiliary head is a training-time head)."""
+        return ParamCount.of(self.model)
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {"extractors": float(self.model.n_tasks), "memory_used": float(len(self.memory))}
