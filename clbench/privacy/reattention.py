@@ -1,0 +1,209 @@
+"""Re-Attention (Ding et al., "Delving into Differentially Private Transformer", ICML 2024, Sec. 4).
+
+DP-SGD adds Gaussian noise of the same scale to every coordinate of the summed gradient, but a parameter's signal
+is summed over only the samples that use it. The paper models each parameter as carrying an error whose standard
+deviation is its *effective error*
+
+    σ_eff = σ_dp / B_eff                                           (effective noise of one parameter)
+
+with ``σ_dp`` the noise multiplier and ``B_eff`` the expected number of samples of a batch of size ``B`` that
+contribute to the parameter's gradient: ``B`` for dense parameters, ``B · p_j`` for the embedding row of token
+``j`` that appears in a fraction ``p_j`` of the samples (a frequency prior: :class:`ErrorPrior`). Rare tokens thus
+carry large errors, which a plain softmax turns into *attention distraction*: for a query ``q`` and a key
+``k_i ~ N(μ_i, σ_i² I)``
+
+    E[exp⟨q, k_i⟩] = exp(⟨q, μ_i⟩) · exp(C σ_i² / 2),   C = ⟨q, q⟩,
+
+so noisy keys are over-weighted on average. Re-Attention divides each unnormalized score by that factor and
+renormalizes:
+
+    S_i ← S_i / exp(C σ_i² / 2),    A_i = S_i / Σ_j S_j             (Re-Attention)
+
+Here the scaled query ``q̃ = q / √d_h`` plays ``q`` (scores are ``⟨q̃, k⟩``), so ``C = ⟨q̃, q̃⟩ = ‖q‖² / d_h``, and
+``σ_i²`` is the mean over the head's ``d_h`` dimensions of key ``i``'s tracked variance (the paper's isotropic
+``σ_i² I``). Keys' variances come from **error tracking**: the variance of every activation is propagated from the
+parameters' ``σ_eff²`` through the network by moment matching (as in natural-parameter networks), each coordinate
+treated as independent (diagonal covariance); the activations actually computed serve as the means:
+
+- Linear ``y = W x + b`` with ``Var W_ij = s_W``, ``Var b_i = s_b``, ``Var x_j = v_j`` (all independent):
+  ``Var y_i = Σ_j W_ij² v_j + s_W Σ_j (x_j² + v_j) + s_b``                                            (exact)
+- LayerNorm ``y = γ ⊙ x̂ + β``, ``x̂ = (x - m) / s``: first order in ``x`` (the Jacobian ``J = diag(γ)/s ·
+  (I - (1 + x̂ x̂ᵀ)/d)``, its diagonal part of ``J diag(v) Jᵀ``) plus the parameters' errors:
+  ``Var y_i = (γ_i/s)² [v_i (1 - 2(1 + x̂_i²)/d) + (Σ_j v_j + 2 x̂_i Σ_j x̂_j v_j + x̂_i² Σ_j x̂_j² v_j)/d²]
+  + s_γ x̂_i² + s_β``
+- ReLU / GELU on ``N(μ, v)``: the exact variance of the output (ReLU: the rectified-Gaussian closed form;
+  GELU: Gauss–Hermite quadrature with :data:`HERMITE_NODES` nodes).
+- Attention output ``o_i = Σ_j A_ij V_j``: ``Var o_i = Σ_j A_ij² Var V_j`` (weights held fixed); residual sums add
+  variances.
+
+The variance path runs without gradients (it sets how much each score is discounted; the discount's dependence on
+the query, ``C``, is differentiated). With ``σ_dp = 0`` every variance is 0 and Re-Attention is vanilla attention
+exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+HERMITE_NODES = 16
+_NODES, _WEIGHTS = np.polynomial.hermite.hermgauss(HERMITE_NODES)
+
+
+@dataclass
+class ErrorPrior:
+    """The parameters' effective errors: dense parameters ``σ_eff = σ_dp / B``; row ``j`` of the token embedding
+    ``σ_eff = σ_dp / (B · p_j)`` with ``p_j = token_frequency[j]`` (the fraction of samples containing token ``j``;
+    a row with ``p_j = 0`` gets ``B_eff = 1``, one sample's worth). ``scale`` multiplies every ``σ_eff``."""
+
+    sigma_dp: float
+    batch_size: float
+    token_frequency: Tensor                        # (V,) in [0, 1]
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.sigma_dp < 0 or self.batch_size <= 0 or self.scale < 0:
+            raise ValueError(f"ErrorPrior needs sigma_dp >= 0, batch_size > 0 and scale >= 0; got {self.sigma_dp}, "
+                             f"{self.batch_size}, {self.scale}.")
+
+    @property
+    def dense_var(self) -> float:
+        """``σ_eff²`` of a dense parameter."""
+        return (self.scale * self.sigma_dp / self.batch_size) ** 2
+
+    def token_var(self) -> Tensor:
+        """``(V,)`` ``σ_eff²`` of each embedding row."""
+        b_eff = (self.batch_size * self.token_frequency.double()).clamp(min=1.0)
+        b_eff[self.token_frequency <= 0] = 1.0
+        return ((self.scale * self.sigma_dp / b_eff) ** 2).float()
+
+    @property
+    def active(self) -> bool:
+        return self.sigma_dp * self.scale > 0
+
+
+# ------------------------------------------------------------------------------------------ moment propagation
+def linear_var(x: Tensor, x_var: Tensor, layer: nn.Linear, param_var: float) -> Tensor:
+    """``Var y`` of ``y = layer(x)`` for inputs ``x`` (means) with variances ``x_var`` and weight/bias entries of
+    variance ``param_var``: ``Σ_j W_ij² v_j + s_W Σ_j (x_j² + v_j) + s_b``. Shapes ``(..., d_in) -> (..., d_out)``."""
+    out = F.linear(x_var, layer.weight.square())
+    if param_var:
+        out = out + param_var * ((x.square() + x_var).sum(-1, keepdim=True)
+                                 + (1.0 if layer.bias is not None else 0.0))
+    return out
+
+
+def layer_norm_var(x: Tensor, x_var: Tensor, layer: nn.LayerNorm, param_var: float) -> Tensor:
+    """``Var y`` of ``y = layer(x)`` over the last dimension ``d`` (first order in ``x``; exact in ``γ, β``)."""
+    d = x.shape[-1]
+    mean = x.mean(-1, keepdim=True)
+    std = (x.var(-1, unbiased=False, keepdim=True) + layer.eps).sqrt()
+    xhat = (x - mean) / std
+    s0 = x_var.sum(-1, keepdim=True)
+    s1 = (xhat * x_var).sum(-1, keepdim=True)
+    s2 = (xhat.square() * x_var).sum(-1, keepdim=True)
+    own = x_var * (1 - 2 * (1 + xhat.square()) / d) + (s0 + 2 * xhat * s1 + xhat.square() * s2) / d**2
+    gamma = layer.weight if layer.weight is not None else torch.ones(d, dtype=x.dtype, device=x.device)
+    out = (gamma / std).square() * own
+    if param_var:
+        out = out + param_var * (xhat.square() + (1.0 if layer.bias is not None else 0.0))
+    return out
+
+
+def _relu_var(mu: Tensor, var: Tensor) -> Tensor:
+    """Variance of ``max(X, 0)`` for ``X ~ N(μ, v)`` (rectified Gaussian)."""
+    sd = var.clamp(min=1e-30).sqrt()
+    a = mu / sd
+    cdf = 0.5 * (1 + torch.erf(a / math.sqrt(2)))
+    pdf = torch.exp(-0.5 * a.square()) / math.sqrt(2 * math.pi)
+    m1 = mu * cdf + sd * pdf
+    m2 = (mu.square() + var) * cdf + mu * sd * pdf
+    return torch.where(var > 0, (m2 - m1.square()).clamp(min=0), torch.zeros_like(var))
+
+
+def _quadrature_var(fn, mu: Tensor, var: Tensor) -> Tensor:
+    """Variance of ``fn(X)`` for ``X ~ N(μ, v)`` by Gauss–Hermite quadrature."""
+    nodes = torch.as_tensor(_NODES, dtype=mu.dtype, device=mu.device)
+    weights = torch.as_tensor(_WEIGHTS / math.sqrt(math.pi), dtype=mu.dtype, device=mu.device)
+    points = mu.unsqueeze(-1) + (2 * var).sqrt().unsqueeze(-1) * nodes
+    values = fn(points)
+    m1 = (values * weights).sum(-1)
+    m2 = (values.square() * weights).sum(-1)
+    return (m2 - m1.square()).clamp(min=0)
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+ACTIVATION_VARS = {"relu": _relu_var, "gelu": lambda mu, var: _quadrature_var(F.gelu, mu, var)}
+
+
+def activation_var(kind: str, mu: Tensor, var: Tensor) -> Tensor:
+    """Variance of ``act(X)`` for ``X ~ N(μ, v)``, ``act`` one of :data:`ACTIVATIONS` (moment matching)."""
+    return ACTIVATION_VARS[kind](mu, var)
+
+
+# --------------------------------------------------------------------------------------------------- attention
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with separate ``q, k, v, proj`` Linear layers (so that per-sample
+    gradient norms see ordinary Linear layers). ``x: (B, L, d)``, ``pad: (B, L)`` True at padding: a query attends
+    to keys ``j ≤ i`` that are not padding, and always to itself (padding rows stay finite)."""
+
+    def __init__(self, dim: int, heads: int = 1, dropout: float = 0.0) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}.")
+        self.heads, self.head_dim = heads, dim // heads
+        self.q, self.k, self.v, self.proj = (nn.Linear(dim, dim) for _ in range(4))
+        self.dropout = nn.Dropout(dropout)
+
+    def _split(self, t: Tensor) -> Tensor:
+        b, n, _ = t.shape
+        return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)            # (B, H, L, d_h)
+
+    def correction(self, q: Tensor, x: Tensor, x_var: Tensor | None, param_var: float) -> Tensor | float:
+        """``log`` of the factor each score is divided by; vanilla attention: 0."""
+        return 0.0
+
+    def forward(self, x: Tensor, pad: Tensor, x_var: Tensor | None = None,
+                param_var: float = 0.0) -> tuple[Tensor, Tensor | None]:
+        """``(out (B, L, d), Var out or None)``; ``x_var``: variances of ``x`` (error tracking) or None."""
+        b, n, d = x.shape
+        q = self._split(self.q(x)) / math.sqrt(self.head_dim)                     # q̃ = q / √d_h
+        k, v = self._split(self.k(x)), self._split(self.v(x))
+        scores = q @ k.transpose(-1, -2)                                           # (B, H, L, L): ⟨q̃_i, k_j⟩
+        scores = scores - self.correction(q, x, x_var, param_var)
+        eye = torch.eye(n, dtype=torch.bool, device=x.device)
+        allowed = torch.ones(n, n, dtype=torch.bool, device=x.device).tril() & ~pad[:, None, None, :] | eye
+        attn = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        out = (self.dropout(attn) @ v).transpose(1, 2).reshape(b, n, d)
+        out_var = None
+        if x_var is not None:
+            with torch.no_grad():
+                v_var = self._split(linear_var(x, x_var, self.v, param_var))
+                o_var = (attn.square() @ v_var).transpose(1, 2).reshape(b, n, d)
+                out_var = linear_var(out, o_var, self.proj, param_var)
+        return self.proj(out), out_var
+
+
+class ReAttention(CausalSelfAttention):
+    """:class:`CausalSelfAttention` whose scores are corrected for the keys' tracked variances (module docstring):
+    ``⟨q̃_i, k_j⟩ - C_i σ_j² / 2`` before the softmax, ``C_i = ⟨q̃_i, q̃_i⟩``, ``σ_j²`` the mean variance of key
+    ``j`` over the head's dimensions. Same parameters as the vanilla module (a drop-in replacement)."""
+
+    def correction(self, q: Tensor, x: Tensor, x_var: Tensor | None, param_var: float) -> Tensor | float:
+        if x_var is None:
+            return 0.0
+        with torch.no_grad():
+            sigma2 = self._split(linear_var(x, x_var, self.k, param_var)).mean(-1)      # (B, H, L): σ_j²
+        c = q.square().sum(-1, keepdim=True)                                           # (B, H, L, 1): C_i
+        return c * sigma2[:, :, None, :] / 2
+
+
+ATTENTIONS = {"vanilla": CausalSelfAttention, "reattention": ReAttention}
+
+__all__ = ["ACTIVATIONS", "ATTENTIONS", "CausalSelfAttention", "ErrorPrior", "ReAttention", "activation_var",
+           "layer_norm_var", "linear_var"]

@@ -1,0 +1,345 @@
+"""Per-layer rules: each sample's gradient norm and the weighted sum of per-sample gradients of ONE module's own
+parameters, from what its forward saw (activations ``A``) and the gradient of its output (``G``), without forming
+per-sample gradients (ghost clipping; Li et al. 2022, Bu et al. 2023; phantom clipping for tied embeddings in
+:mod:`clbench.privacy.tied`, Ding et al. 2024).
+
+Shapes: sample ``i`` of a batch of ``B``; a layer applied at ``T`` positions (tokens, patches; ``T = 1`` for a
+plain vector) has ``A_i ∈ R^{T×d}`` and ``G_i ∈ R^{T×p}``. For ``y = W a + b``::
+
+    ∇W_i = G_iᵀ A_i                     ‖∇W_i‖² = Σ_{t,t'} (A_iA_iᵀ)_{tt'} (G_iG_iᵀ)_{tt'}   (Gram form, 2T² < p·d)
+                                                = ‖G_iᵀ A_i‖²                            (otherwise)
+                                                = ‖a_i‖² ‖g_i‖²                          (T = 1)
+    ∇b_i = Σ_t G_{i,t}                  ‖∇b_i‖² = ‖Σ_t G_{i,t}‖²
+
+and the book-kept weighted sum ``Σ_i w_i ∇W_i = (w ⊙ G)ᵀ A`` is one GEMM over the ``B·T`` rows. A module called
+several times in one forward (weight sharing) contributes ``Σ_calls G_cᵀ A_c`` — the calls are concatenated along
+``T``, so the cross terms between calls are included.
+
+:data:`RULES` maps a module TYPE (exact, not subclasses: a subclass may compute something else) to its rule;
+:func:`register_rule` adds one. A module type that owns trainable parameters and has no rule is refused by
+:class:`~clbench.privacy.tape.Tape` with :class:`UnsupportedLayerError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import LayerNorm as TimmLayerNorm
+from timm.layers import LayerScale
+from timm.models.vision_transformer import VisionTransformer
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from clbench.tangent.layers import TangentLayerNorm, TangentLayerScale, TangentLinear
+from clbench.tangent.model import TangentModel
+
+GRAM_CHUNK = 64          # samples per chunk when per-sample layer gradients are formed (the non-Gram branch)
+
+
+class UnsupportedLayerError(TypeError):
+    """A module owns trainable parameters for which no per-sample-norm rule exists (or uses them in a way the rule
+    cannot follow); the message names the module and its parameters."""
+
+
+@dataclass
+class Call:
+    """One forward call of a hooked module: what the rule saved (``saved``, detached), the tensor whose gradient
+    is needed (``out``) and, after the backward, that gradient (``grad``, same shape as ``out``). ``kind`` tells
+    the calls of a module with several uses apart (tied embeddings: ``"lookup"`` / ``"logits"``)."""
+
+    saved: tuple[Tensor, ...]
+    out: Tensor
+    kind: str = ""
+    grad: Tensor | None = None
+
+
+@dataclass
+class Rule:
+    """How one module type's own parameters get per-sample squared norms and weighted gradient sums.
+
+    ``capture(module, args, output) -> Call | None`` (None: nothing to record, e.g. no gradient will flow);
+    ``sq_norms(module, calls) -> (B,)`` ``Σ_params ‖∇θ_i‖²``; ``weighted(module, calls, w) -> {name: Σ_i w_i ∇θ_i}``.
+    ``hook(module, record) -> handles`` installs the capture (default: a forward hook on the module itself)."""
+
+    capture: Callable[[nn.Module, tuple, Any], Call | None]
+    sq_norms: Callable[[nn.Module, list[Call]], Tensor]
+    weighted: Callable[[nn.Module, list[Call], Tensor], dict[str, Tensor]]
+    hook: Callable[[nn.Module, Callable[[Call], None], Rule], list[RemovableHandle]] | None = None
+
+    def install(self, module: nn.Module, record: Callable[[Call], None]) -> list[RemovableHandle]:
+        return (self.hook or forward_hook)(module, record, self)
+
+
+RULES: dict[type, Rule] = {}
+
+
+def register_rule(*types: type) -> Callable[[Rule], Rule]:
+    """``register_rule(MyLayer)(Rule(capture, sq_norms, weighted))``: the rule for modules of exactly these types."""
+    def add(rule: Rule) -> Rule:
+        for t in types:
+            RULES[t] = rule
+        return rule
+    return add
+
+
+def forward_hook(module: nn.Module, record: Callable[[Call], None], rule: Rule) -> list[RemovableHandle]:
+    """The default installation: a forward hook that records ``rule.capture(module, args, output)``."""
+    def hook(m: nn.Module, args: tuple, output: Any) -> None:
+        call = rule.capture(m, args, output)
+        if call is not None:
+            record(call)
+    return [module.register_forward_hook(hook)]
+
+
+def traced(out: Tensor | None) -> bool:
+    """True when a gradient can flow back to ``out`` (training, not ``no_grad`` evaluation)."""
+    return out is not None and out.requires_grad
+
+
+# ----------------------------------------------------------------------------------------------- shared algebra
+def as_sequence(t: Tensor) -> Tensor:
+    """``(B, d) -> (B, 1, d)``, ``(B, ..., d) -> (B, T, d)`` with ``T`` the product of the middle dimensions."""
+    return t.reshape(t.shape[0], -1, t.shape[-1])
+
+
+def sequences(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
+    """``A, G: (B, T_total, ·)``: the saved input and the output gradient of every call, joined along ``T``."""
+    a = torch.cat([as_sequence(c.saved[0]) for c in calls], 1)
+    g = torch.cat([as_sequence(c.grad) for c in calls], 1)
+    return a, g
+
+
+def matmul_sq_norms(a: Tensor, g: Tensor) -> Tensor:
+    """``‖G_iᵀ A_i‖²_F`` for ``A: (B, T, d)``, ``G: (B, T, p)`` -> ``(B,)``: ``‖a‖²‖g‖²`` at ``T = 1``, the Gram
+    form ``Σ (AAᵀ) ⊙ (GGᵀ)`` when ``2T² < p·d``, else per-sample ``G_iᵀA_i`` in chunks of :data:`GRAM_CHUNK`."""
+    t, d, p = a.shape[1], a.shape[2], g.shape[2]
+    if t == 1:
+        return a.square().sum((1, 2)) * g.square().sum((1, 2))
+    if 2 * t * t < p * d:
+        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+    return torch.cat([torch.bmm(gc.transpose(1, 2), ac).square().sum((1, 2))
+                      for ac, gc in zip(a.split(GRAM_CHUNK), g.split(GRAM_CHUNK))])
+
+
+def matmul_weighted(a: Tensor, g: Tensor, w: Tensor) -> Tensor:
+    """``Σ_i w_i G_iᵀ A_i: (p, d)``, one GEMM over the ``B·T`` rows."""
+    return (g * w[:, None, None]).flatten(0, 1).t() @ a.flatten(0, 1)
+
+
+def summed(g: Tensor) -> Tensor:
+    """``Σ_t G_{i,t}: (B, p)`` (gradient of a bias or of any parameter added at every position)."""
+    return g.sum(1)
+
+
+def elementwise(x: Tensor, g: Tensor) -> Tensor:
+    """``Σ_t X_{i,t} ⊙ G_{i,t}: (B, d)`` (gradient of a per-feature scale)."""
+    return (x * g).sum(1)
+
+
+def sq(v: Tensor) -> Tensor:
+    """``‖v_i‖²`` of per-sample vectors ``(B, ...)`` -> ``(B,)``."""
+    return v.flatten(1).square().sum(1)
+
+
+def weighted_sum(v: Tensor, w: Tensor) -> Tensor:
+    """``Σ_i w_i v_i`` over the first dimension."""
+    return torch.tensordot(w, v, dims=([0], [0]))
+
+
+def own(module: nn.Module) -> dict[str, nn.Parameter]:
+    """The module's own (not its children's) parameters that are trained."""
+    return {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
+
+
+# ------------------------------------------------------------------------------------------------------- Linear
+Operands = Callable[[nn.Module, list[Call]], tuple[Tensor, Tensor]]
+
+
+def _affine_capture(module: nn.Module, args: tuple, output: Any) -> Call | None:
+    out = output[1] if isinstance(output, tuple) else output        # tangent layers: (y, ẏ); Δ acts on ẏ
+    return Call((args[0].detach(),), out) if traced(out) else None
+
+
+def affine_rule(operands: Operands = sequences, capture: Callable = _affine_capture) -> Rule:
+    """A rule for ``y = W a + b`` with ``W: (p, ...)``; ``operands(module, calls) -> (A: (B, T, d), G: (B, T, p))``
+    (default: the saved inputs and the output gradients of the calls, joined along ``T``)."""
+    def sq_norms(module: nn.Module, calls: list[Call]) -> Tensor:
+        a, g = operands(module, calls)
+        params = own(module)
+        total = matmul_sq_norms(a, g) if "weight" in params else g.new_zeros(len(g))
+        return total + sq(summed(g)) if "bias" in params else total
+
+    def weighted(module: nn.Module, calls: list[Call], w: Tensor) -> dict[str, Tensor]:
+        a, g = operands(module, calls)
+        params = own(module)
+        out = {"weight": matmul_weighted(a, g, w).view_as(params["weight"])} if "weight" in params else {}
+        if "bias" in params:
+            out["bias"] = weighted_sum(summed(g), w)
+        return out
+
+    return Rule(capture, sq_norms, weighted)
+
+
+LINEAR = register_rule(nn.Linear, TangentLinear)(affine_rule())
+"""``nn.Linear``: ``y = W a + b``. ``TangentLinear``: ``ẏ = ΔW x + Δb + W0 ẋ``, so ``ΔW, Δb`` act as a linear
+layer on the primal input ``x`` with ``G = ∂L/∂ẏ``."""
+
+
+def _conv_operands(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
+    """``im2col`` patches ``A: (B, L, C·k_h·k_w)`` and ``G: (B, L, p)`` over the ``L`` output positions."""
+    a = torch.cat([F.unfold(c.saved[0], module.kernel_size, module.dilation, module.padding, module.stride)
+                   .transpose(1, 2) for c in calls], 1)
+    g = torch.cat([c.grad.flatten(2).transpose(1, 2) for c in calls], 1)
+    return a, g
+
+
+def _conv_capture(module: nn.Conv2d, args: tuple, output: Tensor) -> Call | None:
+    if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
+        raise UnsupportedLayerError(f"Conv2d {module}: per-sample norms support groups=1 and zero padding given "
+                                    f"as numbers (e.g. a ViT patch embedding).")
+    return _affine_capture(module, args, output)
+
+
+register_rule(nn.Conv2d)(affine_rule(_conv_operands, _conv_capture))
+"""``nn.Conv2d`` (a ViT's patch embedding, or any groups=1 convolution) as a linear layer on its unfolded patches:
+``A_i = unfold(x_i)ᵀ: (L, C·k²)``, ``G_i: (L, p)`` over the ``L`` output positions."""
+
+
+# ----------------------------------------------------------------------------------------- per-feature affine maps
+def scale_rule(features: Callable[[nn.Module, Tensor], Tensor], weight: str = "weight") -> Rule:
+    """A rule for ``y = γ ⊙ x̃ + β`` per feature, ``x̃ = features(module, saved input)``::
+
+        ∇γ_i = Σ_t x̃_{i,t} ⊙ G_{i,t}          ∇β_i = Σ_t G_{i,t}
+    """
+    def grads(module: nn.Module, calls: list[Call]) -> dict[str, Tensor]:
+        params = own(module)
+        g = torch.cat([as_sequence(c.grad) for c in calls], 1)
+        out = {}
+        if weight in params:
+            x = torch.cat([as_sequence(features(module, c.saved[0])) for c in calls], 1)
+            out[weight] = elementwise(x, g)
+        if "bias" in params:
+            out["bias"] = summed(g)
+        return out
+
+    return Rule(_affine_capture,
+                lambda module, calls: sum(sq(v) for v in grads(module, calls).values()),
+                lambda module, calls, w: {n: weighted_sum(v, w).view_as(own(module)[n])
+                                          for n, v in grads(module, calls).items()})
+
+
+def _normalized(module: nn.Module, x: Tensor) -> Tensor:
+    """``x̂ = (x − μ)/σ`` over the normalized (last) dimensions, flattened to one feature axis."""
+    shape = tuple(module.normalized_shape) if isinstance(module, nn.LayerNorm) else tuple(x.shape[-1:])
+    return F.layer_norm(x, shape, None, None, module.eps).flatten(x.dim() - len(shape))
+
+
+register_rule(nn.LayerNorm, TimmLayerNorm, TangentLayerNorm)(scale_rule(_normalized))
+register_rule(LayerScale)(scale_rule(lambda module, x: x, weight="gamma"))
+register_rule(TangentLayerScale)(scale_rule(lambda module, x: x, weight="gamma"))
+"""LayerNorm ``y = γ ⊙ x̂ + β`` (torch's and timm's, which computes the same; ``TangentLayerNorm``: ``Δγ ⊙ x̂ + Δβ``
+on ``ẏ``); LayerScale ``y = γ ⊙ x``
+(``TangentLayerScale``: ``Δγ ⊙ x`` on ``ẏ``)."""
+
+
+# ---------------------------------------------------------------------------------------------------- Embedding
+def _embedding_capture(module: nn.Embedding, args: tuple, output: Tensor) -> Call | None:
+    if module.max_norm is not None or module.scale_grad_by_freq or module.sparse:
+        raise UnsupportedLayerError(f"Embedding {module}: per-sample norms do not support max_norm, "
+                                    f"scale_grad_by_freq or sparse gradients.")
+    return Call((args[0].detach(),), output) if traced(output) else None
+
+
+def embedding_ids_grads(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
+    """``ids: (B, T)`` and ``G: (B, T, d)`` of every lookup call; positions holding ``padding_idx`` (which gets no
+    gradient) have ``G = 0``."""
+    ids = torch.cat([c.saved[0].reshape(len(c.saved[0]), -1) for c in calls], 1)
+    g = torch.cat([as_sequence(c.grad) for c in calls], 1)
+    if getattr(module, "padding_idx", None) is not None:
+        g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
+    return ids, g
+
+
+def embedding_sq_norms(ids: Tensor, g: Tensor) -> Tensor:
+    """``‖∇E_i‖² = Σ_{t,t'} 1[id_t = id_t'] (G_iG_iᵀ)_{tt'}`` (rows hit several times add up) -> ``(B,)``."""
+    same = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(g.dtype)
+    return (same * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+
+
+def embedding_weighted(ids: Tensor, g: Tensor, w: Tensor, num_embeddings: int) -> Tensor:
+    """``Σ_i w_i ∇E_i: (V, d)``: the weighted output gradients scattered into their rows."""
+    out = g.new_zeros(num_embeddings, g.shape[-1])
+    return out.index_add_(0, ids.flatten(), (g * w[:, None, None]).flatten(0, 1))
+
+
+register_rule(nn.Embedding)(Rule(
+    _embedding_capture,
+    lambda module, calls: embedding_sq_norms(*embedding_ids_grads(module, calls)),
+    lambda module, calls, w: {"weight": embedding_weighted(*embedding_ids_grads(module, calls), w,
+                                                           module.num_embeddings)}))
+"""``nn.Embedding``: ``∇E_i = Σ_t e_{id_t} G_{i,t}ᵀ`` (rows of the one-hot ids)."""
+
+
+# ------------------------------------------------------------------------------- additive parameters of a model
+def additive_rule(positions: Callable[[nn.Module], dict[str, slice]], site: Callable[[nn.Module], nn.Module],
+                  use_input: int | None = 0) -> Rule:
+    """Parameters ADDED to a token tensor ``X: (B, N, D)``: the per-sample gradient of a parameter added at
+    positions ``s`` (broadcast over the batch) is ``G_{i,s}``, the gradient of ``X`` there.
+
+    ``site(module)`` is the submodule whose forward receives ``X`` (its argument ``use_input``): a forward
+    pre-hook records it. ``positions(module) -> {param name: slice of N}`` (the parameter's shape is
+    ``(1, |s|, D)`` or ``(|s|, D)``)."""
+    def hook(module: nn.Module, record: Callable[[Call], None], rule: Rule) -> list[RemovableHandle]:
+        def pre(m: nn.Module, args: tuple) -> None:
+            x = args[use_input]
+            if traced(x):
+                record(Call((), x))
+        return [site(module).register_forward_pre_hook(pre)]
+
+    def grads(module: nn.Module, calls: list[Call]) -> dict[str, Tensor]:
+        if len(calls) != 1:
+            raise UnsupportedLayerError(f"{type(module).__name__}: its additive parameters were used "
+                                        f"{len(calls)} times in one forward; per-sample norms expect one use.")
+        params, g = own(module), calls[0].grad
+        return {n: g[:, s] for n, s in positions(module).items() if n in params}
+
+    return Rule(lambda *a: None,
+                lambda module, calls: sum((sq(v) for v in grads(module, calls).values()),
+                                          calls[0].grad.new_zeros(len(calls[0].grad))),
+                lambda module, calls, w: {n: weighted_sum(v, w).view_as(own(module)[n])
+                                          for n, v in grads(module, calls).items()},
+                hook)
+
+
+def _vit_positions(vit: VisionTransformer) -> dict[str, slice]:
+    if vit.reg_token is not None or vit.no_embed_class or vit.dynamic_img_size:
+        raise UnsupportedLayerError("VisionTransformer with register tokens, no_embed_class or dynamic image size: "
+                                    "per-sample norms of cls_token/pos_embed follow timm's default layout only.")
+    return {"cls_token": slice(0, 1), "pos_embed": slice(None)}
+
+
+register_rule(VisionTransformer)(additive_rule(_vit_positions, lambda vit: vit.pos_drop))
+"""timm ``VisionTransformer``'s own ``cls_token`` (concatenated at position 0) and ``pos_embed`` (added at every
+position): ``∇cls_i = G_{i,0}``, ``∇pos_i = G_i``, with ``G`` the gradient of the tokens entering ``pos_drop``."""
+
+
+def _first_tangent_block(model: TangentModel) -> nn.Module:
+    blocks = list(model.frozen_blocks) + list(model.blocks.values())
+    if not blocks:
+        raise UnsupportedLayerError("TangentModel without blocks: nothing receives the tangent CLS token.")
+    return blocks[0]
+
+
+register_rule(TangentModel)(additive_rule(lambda model: {"cls_token": slice(0, 1)}, _first_tangent_block,
+                                          use_input=1))
+"""``TangentModel``'s tangent CLS token ``Δcls``: the stem's tangent ``ẋ`` holds ``Δcls`` at position 0, so
+``∇Δcls_i = G_{i,0}`` with ``G`` the gradient of ``ẋ`` entering the first block."""
+
+
+__all__ = ["RULES", "Call", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads",
+           "embedding_sq_norms", "embedding_weighted", "matmul_sq_norms", "matmul_weighted", "register_rule",
+           "scale_rule"]

@@ -1,0 +1,148 @@
+"""The recording half of ghost clipping: hooks that keep, for one forward and one backward, each hooked module's
+activations ``A`` and output gradients ``G`` (:class:`~clbench.privacy.rules.Call`), then ask the module's rule for
+per-sample squared norms and weighted gradient sums.
+
+Every module under the roots that owns trainable parameters must have a rule in
+:data:`~clbench.privacy.rules.RULES` (else :class:`~clbench.privacy.rules.UnsupportedLayerError`, naming it), no
+parameter may be owned by two modules (ties are declared with :class:`~clbench.privacy.tied.TiedEmbedding`), and
+after the backward every parameter with a gradient must have been seen by its module's hooks
+(:meth:`Tape.check_explained`): a parameter is never skipped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from clbench.privacy.rules import RULES, Call, UnsupportedLayerError, own
+
+
+class Tape:
+    """Hooks on every parameter-owning module of ``roots`` (installed on construction, removed by :meth:`close` or
+    on leaving a ``with`` block). :meth:`reset` before each batch; calls made while no gradient can flow (evaluation
+    under ``no_grad``) are not recorded."""
+
+    def __init__(self, *roots: nn.Module) -> None:
+        self.names: dict[nn.Module, str] = {}
+        self.owner: dict[int, tuple[nn.Module, str]] = {}          # id(param) -> (module, parameter name)
+        self.calls: dict[nn.Module, list[Call]] = {}
+        self.handles: list = []
+        for root in roots:
+            for name, module in root.named_modules():
+                params = own(module)
+                if not params or module in self.names:
+                    continue
+                rule = RULES.get(type(module))
+                if rule is None:
+                    raise UnsupportedLayerError(
+                        f"per-sample gradient norms: no rule for {type(module).__qualname__} at {name or '<root>'!r}, "
+                        f"which owns trainable parameters {sorted(params)}; freeze them or add a rule with "
+                        f"clbench.privacy.register_rule.")
+                for pname, p in params.items():
+                    if id(p) in self.owner:
+                        other, oname = self.owner[id(p)]
+                        raise UnsupportedLayerError(
+                            f"parameter {name}.{pname} is also {self.names[other]}.{oname}: a parameter shared by two "
+                            f"modules needs one module for both uses (tied embeddings: clbench.privacy.TiedEmbedding).")
+                    self.owner[id(p)] = (module, pname)
+                self.names[module] = name
+                self.handles += rule.install(module, self._recorder(module))
+
+    def _recorder(self, module: nn.Module):
+        def record(call: Call) -> None:
+            def keep(grad: Tensor) -> None:
+                call.grad = grad
+            call.out.register_hook(keep)
+            self.calls.setdefault(module, []).append(call)
+        return record
+
+    def reset(self) -> None:
+        """Forget the recorded calls (before the next forward)."""
+        self.calls = {}
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles, self.calls = [], {}
+
+    def __enter__(self) -> Tape:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------------ results
+    def _filled(self, batch: int) -> dict[nn.Module, list[Call]]:
+        """The calls whose output received a gradient, per module; checks that dimension 0 is the sample."""
+        out = {}
+        for module, calls in self.calls.items():
+            done = [c for c in calls if c.grad is not None]
+            for c in done:
+                if c.grad.shape[0] != batch:
+                    raise UnsupportedLayerError(
+                        f"{type(module).__qualname__} at {self.names[module]!r} was called on a tensor of leading "
+                        f"dimension {c.grad.shape[0]}, not the batch size {batch}: per-sample norms need the sample "
+                        f"dimension first in every hooked layer.")
+            if done:
+                out[module] = done
+        return out
+
+    def check_explained(self, params: Iterable[nn.Parameter], batch: int) -> None:
+        """Raise unless every parameter in ``params`` (those that received a gradient) is owned by a hooked module
+        whose calls received output gradients in this backward."""
+        filled = self._filled(batch)
+        for p in params:
+            module, name = self.owner.get(id(p), (None, None))
+            if module is None or module not in filled:
+                where = "a module outside the hooked models" if module is None else \
+                    f"{type(module).__qualname__} at {self.names[module]!r} ({name})"
+                raise UnsupportedLayerError(
+                    f"a parameter of shape {tuple(p.shape)} owned by {where} received a gradient that no hook saw "
+                    f"(its module was not called through forward, e.g. nn.MultiheadAttention's out_proj); "
+                    f"per-sample norms would leave it out.")
+
+    def sq_norms(self, batch: int) -> Tensor:
+        """``Σ_θ ‖∇θ_i‖²: (B,)`` over every hooked parameter, for the loss whose backward ran."""
+        filled = self._filled(batch)
+        total = None
+        for module, calls in filled.items():
+            part = RULES[type(module)].sq_norms(module, calls)
+            total = part if total is None else total + part
+        if total is None:
+            raise UnsupportedLayerError("no hooked layer received a gradient: nothing to clip.")
+        return total
+
+    def weighted_grads(self, w: Tensor) -> dict[nn.Parameter, Tensor]:
+        """``{θ: Σ_i w_i ∇θ_i}`` for every hooked parameter that received a gradient (``w: (B,)``)."""
+        out = {}
+        for module, calls in self._filled(len(w)).items():
+            params = own(module)
+            for name, value in RULES[type(module)].weighted(module, calls, w).items():
+                out[params[name]] = value
+        return out
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def per_sample_grad_norms(model: nn.Module, loss_fn, inputs: Tensor, targets: Tensor) -> Tensor:
+    """``‖∇_θ L_i‖₂: (B,)`` over all trainable parameters ``θ`` of ``model``, for ``L = loss_fn(model(inputs),
+    targets)`` of shape ``(B,)`` (per-sample losses, summed), from ONE forward and ONE backward and without
+    per-sample gradients (see :mod:`clbench.privacy.rules`). Raises
+    :class:`~clbench.privacy.rules.UnsupportedLayerError` for a trainable layer without a rule."""
+    params = trainable(model)
+    batch = len(inputs)
+    with Tape(model) as tape:
+        losses = loss_fn(model(inputs), targets)
+        if losses.shape != (batch,):
+            raise ValueError(f"loss_fn must return one loss per sample, shape ({batch},); got {tuple(losses.shape)} "
+                             f"(use reduction='none').")
+        grads = torch.autograd.grad(losses.sum(), params, allow_unused=True)
+        tape.check_explained([p for p, g in zip(params, grads) if g is not None], batch)
+        return tape.sq_norms(batch).clamp_min(0).sqrt()
+
+
+__all__ = ["Tape", "per_sample_grad_norms", "trainable"]

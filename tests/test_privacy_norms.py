@@ -1,0 +1,288 @@
+"""Per-sample gradient norms without per-sample gradients (clbench.privacy) against torch.func's vmap(grad)
+per-sample gradients, in float64, for every supported layer and for whole models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.layers import LayerScale
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from clbench.models.vit import vit
+from clbench.privacy import LearnedPositions, TiedEmbedding, UnsupportedLayerError, per_sample_grad_norms, rules
+from clbench.protocol import ClassificationInfo
+from clbench.tangent import linearize
+
+RTOL = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    """Every model and tensor of these tests in float64 (the default dtype is restored afterwards)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+def ce(logits, y):
+    """Per-sample cross-entropy; sequence logits (B, T, V) with targets (B, T) are summed over positions."""
+    if logits.dim() == 3:
+        return F.cross_entropy(logits.transpose(1, 2), y, reduction="none").sum(1)
+    return F.cross_entropy(logits, y, reduction="none")
+
+
+def vmap_norms(model, loss_fn, x, y):
+    """The reference: per-sample gradients from torch.func (vmap over grad), then their L2 norms."""
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    frozen = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
+    frozen.update(dict(model.named_buffers()))
+
+    def loss_one(params, xi, yi):
+        out = functional_call(model, (params, frozen), (xi.unsqueeze(0),))
+        return loss_fn(out, yi.unsqueeze(0)).sum()
+
+    grads = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
+    return torch.stack([g.flatten(1).square().sum(1) for g in grads.values()]).sum(0).sqrt()
+
+
+def loop_norms(model, loss_fn, x, y):
+    """A second reference for modules torch.func cannot vmap (custom autograd Functions): one backward per sample."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    norms = []
+    for i in range(len(x)):
+        gs = torch.autograd.grad(loss_fn(model(x[i:i + 1]), y[i:i + 1]).sum(), params, allow_unused=True)
+        norms.append(sum(g.square().sum() for g in gs if g is not None).sqrt())
+    return torch.stack(norms)
+
+
+def check(model, x, y, loss_fn=ce, reference=vmap_norms):
+    ours = per_sample_grad_norms(model, loss_fn, x, y)
+    ref = reference(model, loss_fn, x, y)
+    assert ours.shape == (len(x),)
+    assert torch.all(ref > 0)
+    torch.testing.assert_close(ours, ref, rtol=RTOL, atol=0)
+
+
+class Seq(nn.Module):
+    """Applies ``layer`` to a sequence (B, T, d) then a linear head on the mean token."""
+
+    def __init__(self, layer, d, classes=3):
+        super().__init__()
+        self.layer, self.head = layer, nn.Linear(d, classes)
+
+    def forward(self, x):
+        return self.head(self.layer(x).mean(1))
+
+
+def seq_data(b=5, t=7, d=6, classes=3):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(b, t, d, generator=g), torch.randint(0, classes, (b,), generator=g)
+
+
+def test_linear_on_vectors():
+    g = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3, bias=False))
+    check(model, torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g))
+
+
+@pytest.mark.parametrize("t", [3, 20], ids=["gram", "per-sample-matrix"])
+def test_linear_on_sequences_both_branches(t):
+    x, y = seq_data(t=t)
+    layer = nn.Linear(6, 5)
+    branch_gram = 2 * t * t < 5 * 6
+    assert branch_gram == (t == 3)
+    check(Seq(layer, 5), x, y)
+
+
+def test_linear_called_twice_includes_the_cross_term():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shared, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.head(self.shared(torch.tanh(self.shared(x))).mean(1))
+
+    check(Twice(), *seq_data())
+
+
+def test_conv2d_patch_embedding_and_overlapping_conv():
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+    patch = nn.Sequential(nn.Conv2d(3, 5, 4, stride=4), nn.Flatten(), nn.Linear(20, 3))
+    check(patch, x, y)
+    overlapping = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, stride=2), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
+    check(overlapping, x, y)
+
+
+def test_layernorm_and_layerscale():
+    check(Seq(nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), LayerScale(6, init_values=0.5)), 6), *seq_data())
+
+
+def test_embedding_with_repeated_ids_and_padding():
+    class Bag(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(10, 4, padding_idx=0), nn.Linear(4, 3)
+
+        def forward(self, ids):
+            return self.head(torch.tanh(self.emb(ids)).sum(1))
+
+    ids = torch.tensor([[1, 2, 2, 0, 5], [3, 3, 3, 3, 0], [9, 8, 7, 6, 5]])
+    check(Bag(), ids, torch.tensor([0, 1, 2]))
+
+
+class TinySeqRec(nn.Module):
+    """A one-block next-item model with SHARED input/output item embeddings (the #13 seqrec shape)."""
+
+    def __init__(self, items=30, d=8, length=6):
+        super().__init__()
+        self.items = TiedEmbedding(items, d, padding_idx=0, init_std=0.5)
+        self.positions = LearnedPositions(length, d, init_std=0.5)
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, ids):
+        h = self.positions(self.items(ids))
+        h = h + self.mlp(self.norm(h))
+        return self.items.logits(h)                     # (B, T, V)
+
+
+def test_tied_embedding_phantom_clipping_matches_vmap():
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 30, (5, 6), generator=g)
+    ids[:, 0] = ids[:, 3]                              # repeated items: the input side's same-id terms
+    targets = torch.randint(1, 30, (5, 6), generator=g)
+    targets[:, 1] = ids[:, 2]                          # targets that are also inputs: the cross term
+    check(TinySeqRec(), ids, targets)
+
+
+def test_tied_embedding_cross_term_is_needed(monkeypatch):
+    """The same rule without the cross term between the two uses of E gives a different (wrong) norm."""
+    from clbench.privacy import tied
+
+    g = torch.Generator().manual_seed(3)
+    model = TinySeqRec()
+    ids, targets = torch.randint(1, 30, (4, 6), generator=g), torch.randint(1, 30, (4, 6), generator=g)
+    targets[:, :3] = ids[:, 3:]
+    ref = vmap_norms(model, ce, ids, targets)
+    torch.testing.assert_close(per_sample_grad_norms(model, ce, ids, targets), ref, rtol=RTOL, atol=0)
+
+    def without_cross(module, calls):
+        (ids_, g_in), (h, g_out) = tied._sides(module, calls)
+        return tied.embedding_sq_norms(ids_, g_in) + tied.matmul_sq_norms(h, g_out)
+
+    monkeypatch.setattr(rules.RULES[TiedEmbedding], "sq_norms", without_cross)
+    assert not torch.allclose(per_sample_grad_norms(model, ce, ids, targets), ref, rtol=1e-3)
+
+
+def small_vit(**kw):
+    info = ClassificationInfo(name="t", n_classes=4, classes_per_experience=(4,), input_shape=(3, 8, 8))
+    torch.manual_seed(0)
+    return vit(info, embed_dim=16, depth=2, num_heads=2, patch_size=4, fused_attn=False, **kw)
+
+
+def image_data(b=4):
+    g = torch.Generator().manual_seed(4)
+    return torch.randn(b, 3, 8, 8, generator=g), torch.randint(0, 4, (b,), generator=g)
+
+
+def test_whole_vit_with_cls_token_and_pos_embed():
+    model = small_vit(init_values=0.1)                    # LayerScale too
+    with torch.no_grad():
+        model.cls_token.normal_()
+        model.pos_embed.normal_()
+    names = {n for n, p in model.named_parameters()}
+    assert {"cls_token", "pos_embed", "patch_embed.proj.weight", "blocks.0.ls1.gamma"} <= names
+    check(model, *image_data())
+
+
+def test_linearized_vit_with_tangent_cls_token():
+    tangent = linearize(small_vit(), last_blocks=1, linearize_cls=True).randomize_deltas(0.05, seed=1)
+    assert "cls_token" in dict(tangent.named_parameters())
+    check(tangent, *image_data(), reference=loop_norms)
+
+
+def test_linearized_vit_tangent_layers():
+    """The tangent layers' Δ (TangentLinear, TangentLayerNorm, TangentLayerScale, the head) without a tangent CLS
+    token. torch.func cannot vmap the tangent LayerNorm's custom autograd Function, so the reference is one backward
+    per sample."""
+    tangent = linearize(small_vit(init_values=0.1), last_blocks=2).randomize_deltas(0.05, seed=2)
+    check(tangent, *image_data(), reference=loop_norms)
+
+
+def test_loop_reference_agrees_with_vmap():
+    """The per-sample-loop reference used for the tangent models is itself exact (same numbers as vmap)."""
+    model, (x, y) = small_vit(), image_data()
+    torch.testing.assert_close(loop_norms(model, ce, x, y), vmap_norms(model, ce, x, y), rtol=1e-10, atol=0)
+
+
+def test_frozen_parameters_are_left_out():
+    model = small_vit()
+    for p in model.blocks[0].parameters():
+        p.requires_grad_(False)
+    check(model, *image_data())
+
+
+@pytest.mark.parametrize("layer", [nn.BatchNorm1d(6), nn.GroupNorm(2, 6), nn.PReLU()],
+                         ids=["batchnorm", "groupnorm", "prelu"])
+def test_unsupported_layer_with_parameters_raises_naming_it(layer):
+    model = nn.Sequential(nn.Linear(6, 6), layer, nn.Linear(6, 3))
+    g = torch.Generator().manual_seed(5)
+    with pytest.raises(UnsupportedLayerError, match=f"no rule for {type(layer).__qualname__} at '1'"):
+        per_sample_grad_norms(model, ce, torch.randn(4, 6, generator=g), torch.tensor([0, 1, 2, 0]))
+
+
+def test_multihead_attention_is_refused():
+    class Mha(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.head = nn.MultiheadAttention(6, 2, batch_first=True), nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.head(self.attn(x, x, x)[0].mean(1))
+
+    with pytest.raises(UnsupportedLayerError, match="MultiheadAttention"):
+        per_sample_grad_norms(Mha(), ce, *seq_data())
+
+
+def test_parameter_shared_by_two_modules_is_refused():
+    model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.Linear(6, 3))
+    model[2].weight = model[0].weight
+    with pytest.raises(UnsupportedLayerError, match="TiedEmbedding"):
+        per_sample_grad_norms(model, ce, torch.randn(4, 6), torch.tensor([0, 1, 2, 0]))
+
+
+def test_gradient_unseen_by_hooks_is_refused():
+    class Sneaky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return F.linear(x, self.lin.weight)          # bypasses the module's forward
+
+    with pytest.raises(UnsupportedLayerError, match="no hook saw"):
+        per_sample_grad_norms(Sneaky(), ce, torch.randn(4, 6), torch.tensor([0, 1, 2, 0]))
+
+
+def test_flattened_batch_is_refused():
+    class Flat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.lin(x.reshape(-1, 6)).view(x.shape[0], -1, 3).mean(1)
+
+    with pytest.raises(UnsupportedLayerError, match="leading dimension 35"):
+        per_sample_grad_norms(Flat(), ce, *seq_data())
+
+
+def test_loss_must_be_per_sample():
+    with pytest.raises(ValueError, match="one loss per sample"):
+        per_sample_grad_norms(nn.Linear(6, 3), lambda out, y: F.cross_entropy(out, y), torch.randn(4, 6),
+                              torch.tensor([0, 1, 2, 0]))
