@@ -98,7 +98,7 @@ COMMANDS: Registry = Registry("command")
 REGISTRIES: tuple[Registry, ...] = (STRATEGIES, SCENARIOS, MODELS, COMMANDS)
 
 PLUGIN_PACKAGES = ("clbench.models", "clbench.scenarios", "clbench.strategies")
-COMMAND_MODULES = ("clbench.cli", "clbench.tangent.commands")
+COMMAND_MODULES = ("clbench.cli", "clbench.tangent.commands", "clbench.analysis.commands")
 UNAVAILABLE: dict[str, str] = {}        # plugin module -> why it could not be imported
 _loaded = False
 
