@@ -1,0 +1,146 @@
+"""PETL strategies (clbench/strategies/petl.py): the pre-trained backbone is loaded and stays bitwise unchanged while
+the PETL modules and heads train; per-task module sets are chosen by the task label or the nearest frozen-feature
+class prototype; merging averages the sets; replay uses the shared memory; callbacks fire; trainable % is the
+closed form over the backbone."""
+
+import pytest
+import torch
+
+from clbench.callbacks import Callback, CallbackContext
+from clbench.config import ConfigError, build_config
+from clbench.models.checkpoint import save_weights
+from clbench.petl import METHODS
+from clbench.registry import MODELS, SCENARIOS, STRATEGIES
+from clbench.runner import seed_everything
+from clbench.strategies.petl import OUTSIDE
+
+VIT = {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 2}
+SMALL = {"model_args": VIT, "size": 2, "prefix_length": 2, "epochs": 2, "batch_size": 16}
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    return SCENARIOS.get("synthetic")(seed=0, n_classes=4, n_experiences=2, train_per_class=24, test_per_class=8,
+                                      separation=6.0)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(scenario, tmp_path_factory):
+    torch.manual_seed(5)
+    vit = MODELS.get("vit")(scenario.info, **VIT)
+    return str(save_weights(vit, tmp_path_factory.mktemp("ckpt") / "vit.pt"))
+
+
+def _strategy(name, scenario, checkpoint, **args):
+    seed_everything(0)
+    config = build_config(name, "cpu", {**SMALL, "init": checkpoint, **args})
+    return STRATEGIES.get(name)(scenario.info, "cpu", config)
+
+
+def test_every_method_has_three_registered_variants():
+    for method in METHODS.names():
+        for suffix in ("", "_per_task", "_merge"):
+            assert method + suffix in STRATEGIES
+
+
+@pytest.mark.parametrize("name", ["lora", "mam_per_task", "adapter_seq_merge", "mh_par_adapter"])
+def test_backbone_is_the_checkpoint_and_stays_bitwise_unchanged(name, scenario, checkpoint):
+    strategy = _strategy(name, scenario, checkpoint)
+    vit = strategy.backbone.vit
+    saved = torch.load(checkpoint, weights_only=True)["state_dict"]
+    own = {k.replace(".base.", "."): v for k, v in vit.state_dict().items()}   # hooks wrap the timm modules
+    assert all(torch.equal(own[k], v) for k, v in saved.items() if not k.startswith("head"))
+    before = {k: v.clone() for k, v in vit.state_dict().items()}
+    petl_before = [p.detach().clone() for p in strategy.new_set().parameters()]
+    for experience in scenario.train_stream:
+        strategy.train(experience)
+    assert all(torch.equal(v, before[k]) for k, v in vit.state_dict().items())
+    trained = strategy.sets[0] if hasattr(strategy, "sets") else strategy.model.petl
+    assert any(not torch.equal(p, q) for p, q in zip(trained.parameters(), petl_before))
+
+
+def test_trainable_pct_is_the_closed_form_over_the_backbone(scenario, checkpoint):
+    strategy = _strategy("lora", scenario, checkpoint)
+    vit_params = sum(p.numel() for n, p in MODELS.get("vit")(scenario.info, **VIT).named_parameters()
+                     if not n.startswith("head"))
+    lora = 2 * 2 * (2 * 16 + 16 * 2) * 1                                       # L · 2 targets · (r d + d r)
+    assert strategy.extra_metrics()["trainable_pct"] == pytest.approx(100 * lora / vit_params)
+
+
+def test_per_task_uses_the_task_label_in_task_incremental_scenarios(checkpoint):
+    scenario = SCENARIOS.get("synthetic")(seed=0, n_classes=4, n_experiences=2, train_per_class=24,
+                                          test_per_class=8, task_aware=True)
+    strategy = _strategy("adapter_par_per_task", scenario, checkpoint)
+    for experience in scenario.train_stream:
+        strategy.train(experience)
+    x = torch.stack([scenario.test_stream[0].dataset.eval()[i][0] for i in range(6)])
+    labels = torch.tensor([0, 1, 0, 1, 1, 0])
+    logits = strategy.predict(x, labels)
+    for row, t in zip(logits, labels.tolist()):
+        own = scenario.info.class_range(t)
+        assert (row[own.start: own.stop] != OUTSIDE).all()
+        assert (torch.cat((row[: own.start], row[own.stop:])) == OUTSIDE).all()
+    assert "route_acc" not in strategy.extra_metrics()
+
+
+def test_per_task_routes_by_the_nearest_frozen_feature_prototype(scenario, checkpoint):
+    strategy = _strategy("lora_per_task", scenario, checkpoint)
+    for experience in scenario.train_stream:
+        strategy.train(experience)
+    assert strategy.prototypes.shape == (4, 16) and strategy.owner.tolist() == [0, 0, 1, 1]
+    x = torch.stack([scenario.test_stream[1].dataset.eval()[i][0] for i in range(8)])
+    features = strategy.base_features(x)
+    distances = ((features[:, None, :] - strategy.prototypes[None]) ** 2).sum(-1)
+    expected = strategy.owner[distances.argmin(1)]
+    assert torch.equal(strategy.route(features), expected)
+    logits = strategy.predict(x, None)
+    for row, t in zip(logits, expected.tolist()):
+        own = scenario.info.class_range(t)
+        assert (row[own.start: own.stop] != OUTSIDE).all()
+    extra = strategy.extra_metrics()
+    held = [(f, t) for t, f in enumerate(strategy.held)]
+    assert [len(f) for f, _ in held] == [9, 9]                     # min(route_holdout, n // 5) of 48 samples each
+    hits = [int(strategy.owner[((f[i] - strategy.prototypes) ** 2).sum(-1).argmin()] == t)
+            for f, t in held for i in range(len(f))]
+    assert extra["module_sets"] == 2 and extra["route_acc"] == pytest.approx(100 * sum(hits) / len(hits))
+
+
+def test_merge_deploys_the_average_of_sets_trained_from_one_initial_state(scenario, checkpoint):
+    strategy = _strategy("adapter_par_merge", scenario, checkpoint)
+    for experience in scenario.train_stream:
+        strategy.train(experience)
+    first, second = (dict(s.named_parameters()) for s in strategy.sets)
+    for name, value in strategy.merged.named_parameters():
+        assert torch.allclose(value, (first[name] + second[name]) / 2, rtol=0, atol=1e-7)
+    init = dict(strategy.init_set.named_parameters())
+    assert torch.equal(init["blocks.0.ffn.down.weight"], strategy.initial_set().blocks[0]["ffn"].down.weight)
+    assert not torch.equal(first["blocks.0.ffn.up.weight"], second["blocks.0.ffn.up.weight"])
+
+
+def test_replay_memory_holds_at_most_its_budget_and_per_task_refuses_one(scenario, checkpoint):
+    strategy = _strategy("scaled_par_adapter", scenario, checkpoint, mem_size=10)
+    for experience in scenario.train_stream:
+        strategy.train(experience)
+    assert len(strategy.memory) == 10 and set(strategy.memory.counts()) == {0, 1, 2, 3}
+    with pytest.raises(ConfigError, match="mem_size"):                # per-experience sets have no memory
+        _strategy("lora_per_task", scenario, checkpoint, mem_size=10)
+
+
+class _Count(Callback):
+    def __init__(self):
+        self.steps = 0
+
+    def after_step(self, optimizer):
+        self.steps += 1
+        self.params = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+
+
+@pytest.mark.parametrize("name", ["prefix", "prefix_per_task"])
+def test_callbacks_fire_and_the_optimizer_holds_only_petl_and_head(name, scenario, checkpoint):
+    strategy = _strategy(name, scenario, checkpoint, epochs=1)
+    counter = _Count()
+    counter.setup(CallbackContext())
+    strategy.callbacks.callbacks.append(counter)
+    strategy.train(scenario.train_stream[0])
+    assert counter.steps == 3                                   # 48 samples, batch 16, 1 epoch
+    assert counter.params == 2 * 2 * 2 * 16 + (16 * 2 + 2)      # prefix 2Lld + head over 2 classes
