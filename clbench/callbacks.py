@@ -11,6 +11,11 @@ A run's hook sequence, whatever the loop::
         ...                                      # once per minibatch, over every epoch and training phase
     on_experience_end(t)
 
+Before a training call's first batch (each :func:`~clbench.training.fit` call, each Avalanche experience) the loop
+asks ``batch_sampler(n, batch_size, epochs)``: a callback may return a :data:`BatchPlan` that replaces the loop's
+shuffled fixed-size minibatches (private training draws Poisson batches); at most one callback may. After the run,
+``extra_metrics()`` of every callback joins the record's extra metrics (private training reports ``epsilon``).
+
 Every :class:`CallbackList` checks the loss first: a non-finite loss raises :class:`~clbench.errors.NonFiniteLossError`
 with the same message in every loop, and the run is marked failed.
 
@@ -39,6 +44,9 @@ from clbench.registry import Registry
 
 CALLBACKS: Registry = Registry("callback")
 
+BatchPlan = Callable[[torch.Generator], Iterable[Tensor]]
+"""``plan(generator)`` -> one epoch of minibatches, each a tensor of sample indices into the training call's data."""
+
 
 @dataclass(frozen=True)
 class CallbackSpec:
@@ -52,12 +60,14 @@ class CallbackSpec:
 class CallbackContext:
     """What a callback may reach: the run, its artifacts folder (created on first use by whoever writes), the
     strategy's modules (``modules()`` returns the current ``{name: nn.Module}``; a shard member sees
-    ``{"member": model}``) and, inside a member job, the member's key (``""`` for the run's own process)."""
+    ``{"member": model}``), inside a member job the member's key (``""`` for the run's own process), and the
+    number of training samples of the whole stream (``n_train``; 0 when unknown)."""
 
     run_id: str = ""
     artifacts: Path | None = None
     modules: Callable[[], Mapping[str, nn.Module]] = dict
     member: str = ""
+    n_train: int = 0
 
 
 class Callback:
@@ -83,6 +93,15 @@ class Callback:
     def after_step(self, optimizer: torch.optim.Optimizer) -> None: ...
 
     def close(self) -> None: ...
+
+    def batch_sampler(self, n: int, batch_size: int, epochs: int) -> BatchPlan | None:
+        """How the coming training call (``epochs`` over ``n`` samples, minibatches of ``batch_size``) draws its
+        minibatches; None (the default) keeps the loop's own."""
+        return None
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Numbers recorded under the run's ``metrics.extra`` (leaderboard columns), read after :meth:`close`."""
+        return {}
 
 
 class CallbackList(Callback):
@@ -143,6 +162,16 @@ class CallbackList(Callback):
         for c in self.callbacks:
             c.close()
 
+    def batch_sampler(self, n: int, batch_size: int, epochs: int) -> BatchPlan | None:
+        plans = [(c, p) for c in self.callbacks if (p := c.batch_sampler(n, batch_size, epochs)) is not None]
+        if len(plans) > 1:
+            raise ValueError(f"callbacks {[type(c).__name__ for c, _ in plans]} each want to choose the minibatches; "
+                             f"attach at most one of them.")
+        return plans[0][1] if plans else None
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {k: v for c in self.callbacks for k, v in c.extra_metrics().items()}
+
 
 class CallbackPlugin(SupervisedPlugin):
     """Bridges a :class:`CallbackList` into an Avalanche ``SupervisedTemplate``. Append it LAST to the template's
@@ -152,6 +181,13 @@ class CallbackPlugin(SupervisedPlugin):
     def __init__(self, callbacks: CallbackList) -> None:
         super().__init__()
         self.callbacks = callbacks
+
+    def before_training_exp(self, strategy, **kwargs) -> None:
+        """Offer the callbacks the experience's minibatch sampling (after the template built its data loader)."""
+        plan = self.callbacks.batch_sampler(len(strategy.adapted_dataset), strategy.train_mb_size,
+                                            strategy.train_epochs)
+        if plan is not None:
+            strategy.dataloader = planned_loader(strategy, plan)
 
     def before_training_iteration(self, strategy, **kwargs) -> None:
         self.callbacks.on_batch_start(strategy.mb_x, strategy.mb_y)
@@ -164,6 +200,33 @@ class CallbackPlugin(SupervisedPlugin):
 
     def after_update(self, strategy, **kwargs) -> None:
         self.callbacks.after_step(strategy.optimizer)
+
+
+class _PlannedBatches(torch.utils.data.Sampler):
+    """A ``DataLoader`` ``batch_sampler`` drawing one epoch of a :data:`BatchPlan` per iteration."""
+
+    def __init__(self, plan: BatchPlan, generator: torch.Generator) -> None:
+        self.plan, self.generator = plan, generator
+
+    def __iter__(self):
+        return (batch.tolist() for batch in self.plan(self.generator))
+
+
+def planned_loader(template: Any, plan: BatchPlan) -> torch.utils.data.DataLoader:
+    """A data loader over the template's ``adapted_dataset`` whose minibatches follow ``plan`` (seeded from the
+    global RNG). Refused when the template's own loader does more than batch one dataset (replay, several task
+    groups): the plan would silently drop that."""
+    loader, dataset = template.dataloader, template.adapted_dataset
+    tasks = getattr(dataset, "targets_task_labels", None)
+    single_task = tasks is None or len(tasks.uniques) <= 1
+    plain = type(loader) is torch.utils.data.DataLoader or (type(loader).__name__ == "TaskBalancedDataLoader"
+                                                            and single_task)
+    if not plain:
+        raise ValueError(f"{type(template).__name__} trains through a {type(loader).__name__}; a callback that "
+                         f"chooses the minibatches (e.g. dp) supports plain single-dataset loaders only.")
+    generator = torch.Generator().manual_seed(int(torch.randint(2**31 - 1, ())))
+    return torch.utils.data.DataLoader(dataset, batch_sampler=_PlannedBatches(plan, generator),
+                                       collate_fn=getattr(dataset, "collate_fn", None))
 
 
 def bridge(template: Any, callbacks: CallbackList) -> None:
@@ -214,5 +277,5 @@ class HookTrace(Callback):
             self._write("after_step")
 
 
-__all__ = ["CALLBACKS", "Callback", "CallbackContext", "CallbackList", "CallbackPlugin", "CallbackSpec", "HookTrace",
-           "bridge"]
+__all__ = ["CALLBACKS", "BatchPlan", "Callback", "CallbackContext", "CallbackList", "CallbackPlugin", "CallbackSpec",
+           "HookTrace", "bridge", "planned_loader"]

@@ -14,6 +14,7 @@ or one of its named ``PRESETS`` (``cpu`` for 2-core machines, ``full`` for the p
         preset: cpu                    # optional: one of the strategy's PRESETS
         args: {mem_size: 200}          # optional: fields of the strategy's Config dataclass
         label: replay_200              # optional: row name in the leaderboard (default: name)
+        dp: {epsilon: 3.0, clip: 1.0}  # optional: private training (clbench.privacy; becomes the "dp" callback)
 
 Everything is checked when the suite loads, before any run starts, and every mistake is a :class:`ConfigError`
 naming the file, the entry and the key: unknown keys (with a suggestion), values of the wrong type or out of range
@@ -277,7 +278,7 @@ class SuiteSpec:
 # ------------------------------------------------------------------------------------------------------ suite files
 SUITE_KEYS = ("suite", "description", "seeds", "scenarios", "strategies")
 SCENARIO_KEYS = ("name", "args", "label")
-STRATEGY_KEYS = ("name", "preset", "args", "label", "callbacks")
+STRATEGY_KEYS = ("name", "preset", "args", "label", "callbacks", "dp")
 CALLBACK_KEYS = ("name", "args")
 
 
@@ -371,6 +372,24 @@ def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
     return tuple(out)
 
 
+def _parse_dp(where: str, strategy: str, raw: Any) -> tuple[dict, ...]:
+    """A strategy entry's ``dp: {epsilon, delta, clip, ...}`` as the ``dp`` callback entry (part of the run's
+    identity), its budget checked now (:class:`clbench.privacy.step.DPConfig`) for a strategy that may train
+    privately."""
+    from clbench.privacy.accountant import PrivacyBudgetError
+    from clbench.privacy.step import DPConfig, check_private_strategy
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}.dp: expected a mapping like {{epsilon: 3.0, clip: 1.0}}, got {raw!r}.")
+    entry = parse_callbacks(f"{where}.dp", [{"name": "dp", "args": raw}])
+    try:
+        check_private_strategy(strategy)
+        DPConfig(**entry[0]["args"])
+    except PrivacyBudgetError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return entry
+
+
 def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
     """Validate a suite mapping (already parsed from YAML) into a :class:`SuiteSpec`."""
     if not isinstance(data, dict):
@@ -403,9 +422,11 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
             raise ConfigError(f"{source}: strategies[{i}]: {exc}") from None
         _check_entry_names(where, item)
         args = checked_overrides(item["name"], item.get("preset"), item.get("args", {}), where)
+        callbacks = parse_callbacks(f"{where}.callbacks", item.get("callbacks", []))
+        if "dp" in item:
+            callbacks += _parse_dp(where, item["name"], item["dp"])
         strategies.append(StrategyEntry(name=item["name"], preset=item.get("preset"),
-                                        args=args, label=item.get("label", ""),
-                                        callbacks=parse_callbacks(f"{where}.callbacks", item.get("callbacks", []))))
+                                        args=args, label=item.get("label", ""), callbacks=callbacks))
 
     for kind, entries in (("scenario", scenarios), ("strategy", strategies)):
         keys = [e.key for e in entries]

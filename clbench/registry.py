@@ -7,8 +7,9 @@ Registries shared by the whole package::
     MODELS       backbones                       (clbench/models/*.py)
     COMMANDS     run_bench.py sub-commands        (clbench/cli.py and the modules in COMMAND_MODULES)
 
-Modules register on import; :func:`load_plugins` imports every module of :data:`PLUGIN_PACKAGES` and
-:data:`COMMAND_MODULES`, so adding a strategy is one new module with one decorator and nothing else. A plugin module
+Modules register on import; :func:`load_plugins` imports every module of :data:`PLUGIN_PACKAGES`,
+:data:`COMMAND_MODULES` and :data:`CALLBACK_MODULES` (callbacks defined outside ``clbench.callbacks``), so adding a
+strategy is one new module with one decorator and nothing else. A plugin module
 that fails to import (a missing optional dependency, a broken strategy) is skipped whole — whatever it registered
 before failing is taken back — and its reason is kept in :data:`UNAVAILABLE`: ``run_bench.py list`` shows it, an
 unknown name mentions it, and everything else keeps working.
@@ -99,6 +100,7 @@ REGISTRIES: tuple[Registry, ...] = (STRATEGIES, SCENARIOS, MODELS, COMMANDS)
 
 PLUGIN_PACKAGES = ("clbench.models", "clbench.scenarios", "clbench.strategies")
 COMMAND_MODULES = ("clbench.cli", "clbench.tangent.commands", "clbench.analysis.commands")
+CALLBACK_MODULES = ("clbench.privacy.step",)
 UNAVAILABLE: dict[str, str] = {}        # plugin module -> why it could not be imported
 _loaded = False
 
@@ -110,7 +112,7 @@ def plugin_modules() -> list[str]:
         package = importlib.import_module(package_name)
         names += [f"{package_name}.{m.name}" for m in pkgutil.iter_modules(package.__path__)
                   if not m.name.startswith("_")]
-    return names + list(COMMAND_MODULES)
+    return names + list(COMMAND_MODULES) + list(CALLBACK_MODULES)
 
 
 def import_plugin(module: str) -> bool:

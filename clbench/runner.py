@@ -172,7 +172,8 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
     callbacks = strategy.callbacks
     artifacts = None if out_dir is None else out_dir / "artifacts" / spec.run_id
     callbacks.attach([CallbackSpec(**c) for c in spec.strategy.callbacks],
-                     CallbackContext(run_id=spec.run_id, artifacts=artifacts, modules=strategy.modules))
+                     CallbackContext(run_id=spec.run_id, artifacts=artifacts, modules=strategy.modules,
+                                     n_train=sum(len(e.dataset) for e in scenario.train_stream)))
     offline = strategy.offline
     experiences = list(scenario.train_stream)
     steps = [experiences] if offline else experiences
@@ -211,8 +212,9 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
 
 
 def _extra_metrics(strategy: StrategyBase) -> dict[str, float]:
-    """``strategy.extra_metrics()``, checked: a dict of names to finite numbers."""
-    extra = checked(strategy.extra_metrics(), dict, strategy, "extra_metrics")
+    """``strategy.extra_metrics()`` and its callbacks' (``epsilon`` of private training), checked: a dict of names
+    to finite numbers."""
+    extra = {**checked(strategy.extra_metrics(), dict, strategy, "extra_metrics"), **strategy.callbacks.extra_metrics()}
     wrong = sorted(k for k, v in extra.items() if not isinstance(k, str) or not isinstance(v, (int, float)))
     if wrong:
         raise StrategyContractError(f"{type(strategy).__name__}.extra_metrics() must map names to numbers; "

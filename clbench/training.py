@@ -67,17 +67,21 @@ def fit(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[
         callbacks: CallbackList | None = None) -> int:
     """Minimize ``objective(forward(inputs[b]), targets[b])`` over shuffled minibatches ``b`` (order drawn from
     ``seed``) for ``settings.epochs`` epochs; ``inputs: (M, ...)``, ``targets: (M,)``. ``model`` is the module whose
-    gradients ``after_backward`` shows (``forward`` is usually ``model`` or one of its methods). Returns the number
-    of optimizer steps."""
+    gradients ``after_backward`` shows (``forward`` is usually ``model`` or one of its methods). A callback may
+    replace the minibatch sampling (``callbacks.batch_sampler``: private training draws Poisson batches from the
+    same generator). Returns the number of optimizer steps."""
     callbacks = callbacks if callbacks is not None else CallbackList()
     params = list(params)
     optimizer = settings.make_optimizer(params)
     generator = torch.Generator().manual_seed(seed)
+    plan = callbacks.batch_sampler(len(targets), settings.batch_size, settings.epochs)
     steps = 0
     for epoch in range(settings.epochs):
         for group in optimizer.param_groups:
             group["lr"] = settings.lr_at(epoch)
-        for batch in torch.randperm(len(targets), generator=generator).split(settings.batch_size):
+        batches = plan(generator) if plan is not None else \
+            torch.randperm(len(targets), generator=generator).split(settings.batch_size)
+        for batch in batches:
             batch = batch.to(inputs.device)
             x, y = inputs[batch], targets[batch]
             callbacks.on_batch_start(x, y)

@@ -1,0 +1,43 @@
+"""Noise calibration and privacy accounting through opacus's RDP accountant (Mironov 2017; Mironov, Talwar & Zhang
+2019 for the Poisson-subsampled Gaussian mechanism) — a dependency, not a re-implementation.
+
+A private training call is the subsampled Gaussian mechanism applied ``steps`` times with sampling rate ``q``
+(Poisson: each sample enters each step's batch independently with probability ``q``) and noise multiplier ``σ``
+(noise ``N(0, σ²R²)`` on the sum of clipped gradients, ``R`` the clipping norm). :func:`noise_multiplier` finds the
+smallest ``σ`` (opacus's binary search, tolerance 0.01 in ε) whose ``(ε, δ)`` after those steps is within budget;
+:func:`epsilon` reports the ε of a history of such calls composed (RDP composition, converted at ``δ``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from opacus.accountants import RDPAccountant
+from opacus.accountants.utils import get_noise_multiplier
+
+
+class PrivacyBudgetError(ValueError):
+    """A privacy budget that cannot be used (ε ≤ 0, δ ∉ (0, 1), clip ≤ 0, no ε or σ given, or no σ reaches ε);
+    raised before training with a message saying what to change."""
+
+
+def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """``σ`` such that ``steps`` Poisson-subsampled Gaussian steps at rate ``sample_rate`` spend at most
+    ``(epsilon, delta)`` under the RDP accountant."""
+    try:
+        return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                          steps=steps, accountant="rdp"))
+    except ValueError as exc:
+        raise PrivacyBudgetError(f"dp: no noise multiplier reaches epsilon={epsilon} at delta={delta:.3g} for "
+                                 f"{steps} steps at sampling rate {sample_rate:.4g} (opacus: {exc}); raise epsilon "
+                                 f"or train fewer steps.") from None
+
+
+def epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:
+    """ε at ``delta`` of the composition of ``history`` = ``[(σ, q, steps), ...]`` (opacus's RDPAccountant)."""
+    accountant = RDPAccountant()
+    accountant.history = [(float(s), float(q), int(n)) for s, q, n in history]
+    return float(accountant.get_epsilon(delta=delta))
+
+
+__all__ = ["PrivacyBudgetError", "epsilon", "noise_multiplier"]

@@ -1,0 +1,225 @@
+"""The private step (DP-SGD, Abadi et al. 2016; DP-Adam = the same gradient fed to Adam) as a training callback, so it
+works in every loop (:func:`clbench.training.fit`, Avalanche templates through :func:`clbench.callbacks.bridge`).
+
+Per minibatch ``b`` (Poisson-sampled at rate ``q``, expected size ``B̄ = q·n``; actual size ``B``), with ``g_i`` the
+gradient of sample ``i``'s loss, clipping norm ``R`` and noise multiplier ``σ``::
+
+    C_i = min(1, R / (‖g_i‖ + 1e-6))            flat clipping (Abadi et al.)
+    C_i = R / (‖g_i‖ + γ)                        automatic clipping (Bu et al., NeurIPS 2023; γ = 0.01)
+    ĝ  = (Σ_i C_i g_i + N(0, σ²R² I)) / B̄       then the loop's optimizer steps on ĝ (SGD: DP-SGD, Adam: DP-Adam)
+
+The loop's backward has already put ``∇(1/B Σ_i L_i) + r`` into ``.grad`` (``r``: terms that do not depend on
+the batch, e.g. a ridge penalty on ``Δ``). The callback's hooks (:class:`~clbench.privacy.tape.Tape`) saw each
+layer's ``A`` and ``G``; ``‖g_i‖`` comes from the ghost norms (× B, undoing the mean), and the clipped sum is
+book-kept from the same ``A``, ``G`` without per-sample gradients::
+
+    .grad ← .grad + Σ_i (C_i·B/B̄ − 1)·(g_i/B) + N(0, σ²R²/B̄² I)       = ĝ + r
+
+CONTRACT with the loop: its loss is the MEAN over the batch's samples of per-sample losses (plus batch-independent
+terms), and each sample's data touches only its own training call (experience or shard): the privacy of a sample
+is then that of the one call that used it (parallel composition over disjoint data), and the run's ε is the largest
+ε over its training calls. Strategies known to train that way are :data:`PRIVATE_STRATEGIES`; the suite loader
+refuses ``dp`` on the others (replay and joint training reuse samples across calls).
+
+σ is calibrated per training call before its first step from the target ε, δ (default ``1/n``, ``n`` the stream's
+training samples), ``q = b/n_call`` and ``steps = epochs·⌈n_call/b⌉`` (:mod:`clbench.privacy.accountant`), unless
+``noise_multiplier`` is given. Every call's ``(σ, q, steps)`` is written to ``<artifacts>/privacy/`` (member jobs may
+run in other processes) and the run's ε is reported as the ``epsilon`` extra metric.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from clbench.callbacks import CALLBACKS, BatchPlan, Callback, CallbackContext
+from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
+from clbench.privacy.sampling import PoissonPlan
+from clbench.privacy.tape import Tape
+
+PRIVATE_STRATEGIES = frozenset({"naive", "taft", "taft_shards", "nlft", "model_soup", "sisa"})
+"""Strategies whose training calls each use their own disjoint data (one experience, or one shard of it) and whose
+loss is a batch mean: the ``dp`` contract above holds. Add a strategy here only after checking both."""
+
+CLIPPING: dict[str, Callable[[Tensor, float, float], Tensor]] = {
+    "flat": lambda norms, clip, gamma: (clip / (norms + 1e-6)).clamp(max=1.0),
+    "automatic": lambda norms, clip, gamma: clip / (norms + gamma),
+}
+"""Clipping factor ``C_i`` from the per-sample norms ``‖g_i‖``, the clipping norm ``R`` and automatic clipping's ``γ``
+(each bounds ``‖C_i g_i‖ ≤ R``)."""
+
+@dataclass(frozen=True)
+class DPConfig:
+    """A privacy budget: target ``epsilon`` (or a fixed ``noise_multiplier`` σ instead), ``delta`` (None: 1/n),
+    clipping norm ``clip`` (R), ``clipping`` (flat | automatic) and automatic clipping's ``gamma``."""
+
+    epsilon: float | None = None
+    delta: float | None = None
+    clip: float = 1.0
+    clipping: str = "flat"
+    noise_multiplier: float | None = None
+    gamma: float = 0.01
+
+    def __post_init__(self) -> None:
+        if (self.epsilon is None) == (self.noise_multiplier is None):
+            raise PrivacyBudgetError("dp: give exactly one of epsilon (a target budget; the noise is calibrated) "
+                                     "or noise_multiplier (sigma; epsilon is then reported).")
+        if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise PrivacyBudgetError(f"dp: epsilon must be a finite number > 0, got {self.epsilon}.")
+        if self.noise_multiplier is not None and not (math.isfinite(self.noise_multiplier)
+                                                      and self.noise_multiplier > 0):
+            raise PrivacyBudgetError(f"dp: noise_multiplier must be a finite number > 0, got {self.noise_multiplier}.")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise PrivacyBudgetError(f"dp: delta must lie in (0, 1) (default 1/n), got {self.delta}.")
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise PrivacyBudgetError(f"dp: clip (the clipping norm R) must be > 0, got {self.clip}.")
+        if self.clipping not in CLIPPING:
+            raise PrivacyBudgetError(f"dp: clipping must be one of {sorted(CLIPPING)}, got {self.clipping!r}.")
+        if not self.gamma > 0:
+            raise PrivacyBudgetError(f"dp: gamma (automatic clipping) must be > 0, got {self.gamma}.")
+
+
+def check_private_strategy(strategy: str) -> None:
+    """Refuse ``dp`` for a strategy not in :data:`PRIVATE_STRATEGIES` (its ε would be wrong)."""
+    if strategy not in PRIVATE_STRATEGIES:
+        raise PrivacyBudgetError(f"dp: strategy {strategy!r} is not known to use each sample in one training call "
+                                 f"only, so its epsilon cannot be accounted; private strategies: "
+                                 f"{', '.join(sorted(PRIVATE_STRATEGIES))}.")
+
+
+@dataclass
+class TrainingCall:
+    """One private training call (a fit call or an Avalanche experience): its data size, schedule and noise."""
+
+    n: int
+    batch_size: int
+    epochs: int
+    sample_rate: float
+    steps: int
+    sigma: float
+    member: str = ""
+    steps_taken: int = 0
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+LEDGER: dict[str, dict[str, TrainingCall]] = {}
+"""run id -> {call id: call record} for the training calls made in THIS process (files cover the others)."""
+
+
+@CALLBACKS.register("dp")
+class PrivateTraining(Callback):
+    """Differentially private training (DP-SGD / DP-Adam step with ghost clipping, Poisson batches, RDP
+    accounting); arguments: :class:`DPConfig`'s fields. Reports ``epsilon`` (and ``noise_multiplier``)."""
+
+    def __init__(self, epsilon: float | None = None, delta: float | None = None, clip: float = 1.0,
+                 clipping: str = "flat", noise_multiplier: float | None = None, gamma: float = 0.01) -> None:
+        self.config = DPConfig(epsilon, delta, clip, clipping, noise_multiplier, gamma)
+        self.tape: Tape | None = None
+        self.call: TrainingCall | None = None
+        self.batch = 0
+        self.noise: torch.Generator | None = None
+
+    # ------------------------------------------------------------------------------------------------ set-up
+    def setup(self, context: CallbackContext) -> None:
+        super().setup(context)
+        if self.config.delta is None and context.n_train < 2:
+            raise PrivacyBudgetError("dp: delta is not given and the run's number of training samples is unknown; "
+                                     "set dp.delta.")
+        self.delta = self.config.delta if self.config.delta is not None else 1.0 / context.n_train
+        if not context.member:                        # the run's own process: a fresh ledger for this run
+            LEDGER[context.run_id] = {}
+            for path in self._folder().glob("*.json") if self._folder() else ():
+                path.unlink()
+
+    def _folder(self):
+        return None if self.context.artifacts is None else self.context.artifacts / "privacy"
+
+    def batch_sampler(self, n: int, batch_size: int, epochs: int) -> BatchPlan:
+        """Calibrate σ for this call and install the hooks; its minibatches are Poisson draws."""
+        plan = PoissonPlan.for_batch_size(n, batch_size)
+        steps = epochs * plan.steps_per_epoch
+        sigma = self.config.noise_multiplier if self.config.noise_multiplier is not None else \
+            noise_multiplier(self.config.epsilon, self.delta, plan.sample_rate, steps)
+        self.call = TrainingCall(n, batch_size, epochs, plan.sample_rate, steps, sigma, self.context.member)
+        LEDGER.setdefault(self.context.run_id, {})[self.call.id] = self.call
+        self._install()
+
+        def draws(generator: torch.Generator):
+            if self.noise is None:                    # the noise stream is seeded from the loop's generator
+                self.noise = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=generator)))
+            return plan(generator)
+        return draws
+
+    def _install(self) -> None:
+        if self.tape is not None:
+            self.tape.close()
+        self.tape = Tape(*self.context.modules().values())
+
+    # --------------------------------------------------------------------------------------------- the step
+    def on_batch_start(self, x: Tensor, y: Tensor) -> None:
+        if self.tape is None:
+            raise RuntimeError("dp: this training loop did not ask the callbacks for its minibatches "
+                               "(Callback.batch_sampler), so it cannot draw Poisson batches; use clbench.training.fit "
+                               "or an Avalanche template bridged with clbench.callbacks.bridge.")
+        self.batch = len(y)
+        self.tape.reset()
+
+    def after_backward(self, model: nn.Module) -> None:
+        self.privatize([p for p in model.parameters() if p.requires_grad and p.grad is not None])
+
+    def privatize(self, params: list[nn.Parameter]) -> Tensor:
+        """Replace each ``p.grad`` (the mean-loss gradient of this batch) by the private gradient; returns the
+        per-sample gradient norms ``‖g_i‖``."""
+        call, tape, batch = self.call, self.tape, self.batch
+        tape.check_explained(params, batch)
+        norms = batch * tape.sq_norms(batch).clamp_min(0).sqrt()
+        expected = call.sample_rate * call.n
+        factors = CLIPPING[self.config.clipping](norms, self.config.clip, self.config.gamma)
+        summed = tape.weighted_grads(factors * (batch / expected) - 1)
+        std = call.sigma * self.config.clip / expected
+        for p in params:
+            noise = torch.randn(p.shape, generator=self.noise, dtype=p.dtype).to(p.device)
+            p.grad.add_(summed[p]).add_(noise, alpha=std)
+        call.steps_taken += 1
+        return norms
+
+    # ---------------------------------------------------------------------------------------------- results
+    def close(self) -> None:
+        if self.tape is not None:
+            self.tape.close()
+            self.tape = None
+        folder = self._folder()
+        mine = [asdict(c) for c in LEDGER.get(self.context.run_id, {}).values() if c.member == self.context.member]
+        if folder is not None and mine:
+            folder.mkdir(parents=True, exist_ok=True)
+            name = self.context.member or "run"
+            (folder / f"{name}-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(mine))
+
+    def calls(self) -> list[TrainingCall]:
+        """Every training call of this run: this process's and those written by member jobs elsewhere."""
+        calls = dict(LEDGER.get(self.context.run_id, {}))
+        folder = self._folder()
+        for path in sorted(folder.glob("*.json")) if folder is not None and folder.exists() else ():
+            calls.update({c["id"]: TrainingCall(**c) for c in json.loads(path.read_text()) if c["id"] not in calls})
+        return list(calls.values())
+
+    def extra_metrics(self) -> dict[str, float]:
+        """``epsilon``: the largest ε of the run's training calls (each used disjoint data), at the run's δ."""
+        if self.context.member:
+            return {}
+        calls = self.calls()
+        if not calls:
+            raise RuntimeError("dp: no private training call was recorded for this run, so no epsilon can be "
+                               "reported.")
+        spent = [epsilon([(c.sigma, c.sample_rate, c.steps)], self.delta) for c in calls]
+        return {"epsilon": max(spent), "noise_multiplier": max(c.sigma for c in calls), "delta": self.delta}
+
+
+__all__ = ["CLIPPING", "DPConfig", "PRIVATE_STRATEGIES", "PrivateTraining", "TrainingCall",
+           "check_private_strategy"]
