@@ -4,6 +4,7 @@ strategy run with the callback from a suite entry; refusals (Adam, weight decay,
 budgets); aggregations summing to totals; bytes on disk within the budget; float16 error within its bound."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -12,6 +13,7 @@ from clbench.analysis.attribution import attention_over_steps, attribute
 from clbench.analysis.dual_form import DualFormError, PatternRecorder, coefficients, reconstruct, values
 from clbench.analysis.store import FLOAT16_UNIT, PatternStore, StoreBudgetError, step_dtype
 from clbench.api import run as api_run
+from clbench.cli import main
 from clbench.models.vit import vit
 from clbench.protocol import ClassificationInfo
 
@@ -122,17 +124,24 @@ def test_dual_form_on_the_head_of_a_timm_vit(tmp_path):
     assert not np.allclose(w0.numpy(), model.head.weight.detach().numpy())
 
 
-def test_callback_in_a_real_strategy_run_reconstructs_the_trained_weights(tmp_path):
-    """naive (an Avalanche template) with SGD + momentum and the
-    callback from a suite entry; float32 model, so the check is at float32 precision."""
+@pytest.fixture(scope="module")
+def naive_run(tmp_path_factory):
+    """naive (an Avalanche template) with SGD + momentum and the dual_form callback as a suite entry gives it."""
+    out = tmp_path_factory.mktemp("naive_dual_form")
     args = {"epochs": 1, "batch_size": 8, "optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "head": "fixed",
             "model_args": {"hidden": [8]}}
     callbacks = [{"name": "dual_form", "args": {"layers": ["model.feature_extractor.1", "model.classifier"]}}]
     record = api_run("synthetic", "naive", scenario_args={"n_classes": 4, "n_experiences": 2, "train_per_class": 12,
                                                           "test_per_class": 4}, args=args, callbacks=callbacks,
-                     out=tmp_path)
+                     out=out)
     assert record.status == "finished", record.reason
-    folder = tmp_path / "artifacts" / record.run_id / "dual_form" / "run"
+    return out, record
+
+
+def test_callback_in_a_real_strategy_run_reconstructs_the_trained_weights(naive_run):
+    """float32 model, so the check is at float32 precision."""
+    out, record = naive_run
+    folder = out / "artifacts" / record.run_id / "dual_form" / "run"
     store = PatternStore(folder / "patterns")
     steps = store.steps()
     assert store.full and set(steps["experience"]) == {0, 1} and steps["fresh"][0, 0]
@@ -257,3 +266,26 @@ def test_float16_storage_error_is_within_its_bound(tmp_path):
     error = np.abs(w_half - w_exact)
     assert (error <= bound + 1e-12).all() and error.max() > 0
     assert error.max() < 1e-3 * np.abs(w_exact - PatternStore(tmp_path / "64" / "patterns").initial("2")[0]).max()
+
+
+def test_analyze_command_writes_consistent_csvs_and_plots(naive_run, tmp_path):
+    out, record = naive_run
+    code = main(["analyze", "dual-form", "--run", str(out / "runs" / f"{record.run_id}.json"), "--out",
+                 str(tmp_path), "--queries", "6", "--examples", "2", "--top-k", "3"])
+    assert code == 0
+    for name in ("accuracy.csv", "interference.csv", "attention_by_class.csv", "misclassified_attention.csv",
+                 "top_patterns.csv", "attention_over_time.csv", "attention_over_time.png", "summary.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    by_class = pd.read_csv(tmp_path / "attention_by_class.csv")
+    interference = pd.read_csv(tmp_path / "interference.csv")
+    # per-(true label, outcome) means over training classes, weighted by n, give the per-experience means
+    for (j, outcome), rows in interference[interference.outcome != "all"].groupby(["query_experience", "outcome"]):
+        part = by_class[(by_class.query_experience == j) & (by_class.outcome == outcome)]
+        for e in (0, 1):
+            mine = part[part.train_experience == e]
+            total = (mine.mean_contribution * mine.n).sum() / part.groupby("true_label").n.first().sum()
+            assert total == pytest.approx(rows[f"contribution_from_exp{e}"].item(), abs=1e-4)
+    accuracy = pd.read_csv(tmp_path / "accuracy.csv")
+    assert np.allclose(accuracy.iloc[:, 1:].to_numpy() / 100, np.array(record.accuracy_matrix), atol=1e-4)
+    assert (len(pd.read_csv(tmp_path / "top_patterns.csv")) ==
+            3 * min(2, int(interference.query("query_experience == 0 and outcome == 'misclassified'").n.sum())))

@@ -1,0 +1,271 @@
+"""``run_bench.py analyze dual-form --run <out>/runs/<run_id>.json``: the dual-form analysis of a run recorded with the
+``dual_form`` callback (its store is ``<out>/artifacts/<run_id>/dual_form/run/``).
+
+Test queries (the first ``--queries`` test samples of every test experience) are passed through the model saved
+after the last experience; the input of each recorded layer is the query of that layer. Written to ``--out``
+(default ``<out>/dual_form/<run_id>/``)::
+
+    accuracy.csv                 test accuracy on every test experience after every training experience
+    interference.csv             per query experience and outcome: mean contribution of every training experience
+                                 to the predicted logit, and the interference share (attribution.py)
+    attention_by_class.csv       per query experience, true label and outcome: mean contribution to the predicted
+                                 logit and mean attention mass, per training experience and label
+    misclassified_attention.csv  misclassified queries of the first experience, per true label: the predicted label,
+                                 the other experience's class contributing most to the predicted logit, its share
+    top_patterns.csv             the most attended training patterns of example queries (``--examples``)
+    attention_over_time.csv      cumulative attention mass of first-experience queries, per layer and training
+                                 experience, by step (mean query)
+    per_class_attention.png      contribution per training class for the example queries
+    attention_over_time.png      the cumulative attention mass curves
+    summary.json                 the headline numbers
+
+Attention and contributions are sums over the kept patterns: with a kept fraction f < 1 (see the store's manifest,
+``kept_fraction`` in every CSV) sums are about f times the full ones, ratios (shares) are estimates of the full ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import torch
+from torch import nn
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from clbench import records as record_files  # noqa: E402
+from clbench.analysis import dual_form  # noqa: E402,F401  (registers the dual_form callback)
+from clbench.analysis.attribution import attention_over_steps, attribute  # noqa: E402
+from clbench.analysis.store import PatternStore  # noqa: E402
+from clbench.cli import Command  # noqa: E402
+from clbench.config import ConfigError, RunSpec  # noqa: E402
+from clbench.registry import COMMANDS  # noqa: E402
+from clbench.runner import build_scenario  # noqa: E402
+
+FASHION = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+# names of the shared labels per training experience, for reports (scenario name, args "mode") -> per experience
+CLASS_NAMES = {("mnist_fmnist", "domain"): (tuple(str(d) for d in range(10)), FASHION)}
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("analysis", choices=sorted(ANALYSES), help="which analysis")
+    p.add_argument("--run", required=True, help="a run record (<out>/runs/<run_id>.json) recorded with dual_form")
+    p.add_argument("--out", help="output folder (default <out>/dual_form/<run_id>)")
+    p.add_argument("--queries", type=int, default=1000, help="test samples per test experience used as queries")
+    p.add_argument("--examples", type=int, default=4, help="misclassified first-experience queries to plot")
+    p.add_argument("--top-k", type=int, default=10)
+
+
+def _names(spec: RunSpec, n_exp: int, n_lab: int) -> list[list[str]]:
+    known = CLASS_NAMES.get((spec.scenario.name, spec.scenario.args.get("mode")))
+    return [list(known[e]) if known and e < len(known) else [str(c) for c in range(n_lab)] for e in range(n_exp)]
+
+
+def _layer(root: nn.Module, name: str) -> nn.Module:
+    head, _, rest = name.partition(".")
+    for path in (rest, name):
+        try:
+            return root.get_submodule(path)
+        except AttributeError:
+            continue
+    raise ConfigError(f"recorded layer {name!r} is not in the saved model.")
+
+
+def _queries(model: nn.Module, layers: list[str], scenario, per_experience: int):
+    """Per test experience: the recorded layers' inputs, logits, labels (first ``per_experience`` samples)."""
+    modules = {name: _layer(model, name) for name in layers}
+    out = []
+    model.eval()
+    for experience in scenario.test_stream:
+        dataset = experience.dataset.eval()
+        n = min(per_experience, len(dataset))
+        x = torch.stack([dataset[i][0] for i in range(n)])
+        y = np.array([int(dataset[i][1]) for i in range(n)])
+        seen: dict[str, torch.Tensor] = {}
+        hooks = [m.register_forward_hook(lambda mod, i, o, name=name, seen=seen: seen.update({name: i[0],
+                                                                                              name + ">": o}))
+                 for name, m in modules.items()]
+        with torch.no_grad():
+            logits = model(x)
+        for h in hooks:
+            h.remove()
+        inputs = {name: seen[name].reshape(n, -1).double().numpy() for name in layers}
+        logit_layers = [name for name in layers if torch.equal(seen[name + ">"], logits)]
+        out.append({"inputs": inputs, "logits": logits.numpy(), "labels": y, "logit_layers": logit_layers})
+    return out
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def dual_form_report(args: argparse.Namespace) -> int:
+    path = Path(args.run)
+    record = record_files.read(path)
+    run_id = record["run_id"]
+    folder = path.parent.parent / "artifacts" / run_id / "dual_form" / "run"
+    if not (folder / "patterns" / "manifest.json").exists():
+        raise ConfigError(f"{path}: no dual-form store at {folder}/patterns; run it with the dual_form callback.")
+    store = PatternStore(folder / "patterns")
+    spec = RunSpec.from_dict(record["spec"])
+    scenario = build_scenario(spec)
+    n_exp = len(scenario.train_stream)
+    model = torch.load(folder / "models" / f"after_exp{n_exp - 1}.pt", weights_only=False, map_location="cpu")
+    out = Path(args.out) if args.out else path.parent.parent / "dual_form" / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    layers = list(store.layers)
+    queries = _queries(model, layers, scenario, args.queries)
+    logit_layer = queries[0]["logit_layers"][-1] if queries[0]["logit_layers"] else None
+    if logit_layer is None:
+        raise ConfigError(f"{path}: none of the recorded layers {layers} produces the model's logits; record the "
+                          f"output layer to attribute predictions.")
+    f = store.fraction
+    summary: dict = {"run_id": run_id, "kept_fraction": f, "complete": store.manifest["complete"],
+                     "patterns_per_layer": {n: store.layers[n]["patterns"] for n in layers},
+                     "samples_seen": store.manifest["samples_seen"], "logit_layer": logit_layer}
+
+    # accuracy after each phase (from the record)
+    matrix = record.get("accuracy_matrix") or []
+    _write_csv(out / "accuracy.csv", ["after_experience", *[f"test_experience_{j}" for j in range(n_exp)]],
+               [[i, *[round(100 * v, 2) for v in row]] for i, row in enumerate(matrix)])
+    summary["accuracy_percent"] = [[round(100 * v, 2) for v in row] for row in matrix]
+
+    # attribution of the predicted logit
+    results = []
+    for q in queries:
+        pred = q["logits"].argmax(1)
+        results.append((attribute(store, logit_layer, q["inputs"][logit_layer], pred, top_k=args.top_k), pred))
+    n_lab = results[0][0].contribution.shape[2] - 1
+    names = _names(spec, n_exp, n_lab)
+    rows, class_rows = [], []
+    for j, ((result, pred), q) in enumerate(zip(results, queries)):
+        share = result.interference(np.full(len(pred), j))
+        per_exp = result.by_experience()
+        for outcome, mask in (("correct", pred == q["labels"]), ("misclassified", pred != q["labels"]),
+                              ("all", np.ones(len(pred), bool))):
+            if not mask.any():
+                continue
+            rows.append([j, outcome, int(mask.sum()), *np.round(per_exp[mask].mean(0), 6),
+                         round(float(np.median(share[mask])), 4), round(float(share[mask].mean()), 4), f])
+        for label in range(n_lab):
+            for outcome, mask in (("correct", pred == q["labels"]), ("misclassified", pred != q["labels"])):
+                mask = mask & (q["labels"] == label)
+                if not mask.any():
+                    continue
+                for e in range(n_exp):
+                    for c in range(n_lab):
+                        class_rows.append([j, label, outcome, int(mask.sum()), e, c, names[e][c],
+                                           round(float(result.contribution[mask, e, c].mean()), 6),
+                                           round(float(result.attention[mask, e, c].mean()), 4), f])
+    _write_csv(out / "interference.csv", ["query_experience", "outcome", "n", *[f"contribution_from_exp{e}"
+                                                                                for e in range(n_exp)],
+                                          "median_interference_share", "mean_interference_share", "kept_fraction"],
+               rows)
+    _write_csv(out / "attention_by_class.csv", ["query_experience", "true_label", "outcome", "n", "train_experience",
+                                                "train_label", "train_class", "mean_contribution", "mean_attention",
+                                                "kept_fraction"], class_rows)
+    summary["interference"] = [dict(zip(["query_experience", "outcome", "n"], r[:3])) | {
+        "median_share": r[-3], "mean_share": r[-2]} for r in rows]
+
+    # misclassified queries of the first experience: which classes of later experiences pull them
+    result, pred = results[0]
+    labels = queries[0]["labels"]
+    wrong = pred != labels
+    mis_rows = []
+    if n_exp > 1:
+        for label in range(n_lab):
+            mask = wrong & (labels == label)
+            if not mask.any():
+                continue
+            later = result.contribution[mask, 1:, :n_lab].mean(0)           # (E-1, C)
+            e, c = np.unravel_index(later.argmax(), later.shape)
+            att = result.attention[mask, 1:, :n_lab].mean(0)
+            ea, ca = np.unravel_index(att.argmax(), att.shape)
+            predicted = np.bincount(pred[mask], minlength=n_lab)
+            mis_rows.append([label, int(mask.sum()), int(predicted.argmax()),
+                             names[1][int(predicted.argmax())] if n_exp > 1 else "",
+                             int(e) + 1, int(c), names[int(e) + 1][int(c)],
+                             round(float(later[e, c] / result.total[mask].mean()), 4),
+                             names[int(ea) + 1][int(ca)], f])
+    _write_csv(out / "misclassified_attention.csv",
+               ["true_label", "n_misclassified", "most_predicted_label", "most_predicted_as_exp1_class",
+                "top_experience", "top_class_label", "top_class", "top_class_share_of_learned_logit",
+                "top_class_by_attention_mass", "kept_fraction"], mis_rows)
+    summary["misclassified_first_experience"] = [dict(zip(["true_label", "n", "predicted", "predicted_as",
+                                                           "pulled_by_experience", "pulled_by_label",
+                                                           "pulled_by_class", "share"], r[:8])) for r in mis_rows]
+
+    # examples: top patterns and per-class contributions
+    examples = np.flatnonzero(wrong)[: args.examples]
+    top_rows = [[int(q), rank, round(float(result.top_alpha[q, rank]), 4), *[int(v) for v in result.top_meta[q, rank]]]
+                for q in examples for rank in range(result.top_alpha.shape[1])]
+    _write_csv(out / "top_patterns.csv", ["query", "rank", "alpha", "step", "experience", "sample", "label", "token"],
+               top_rows)
+    if len(examples):
+        fig, axes = plt.subplots(len(examples), 1, figsize=(10, 2.4 * len(examples)), squeeze=False)
+        for ax, q in zip(axes[:, 0], examples):
+            values = result.contribution[q, :, :n_lab].reshape(-1)
+            ticks = [f"{names[e][c]}" for e in range(n_exp) for c in range(n_lab)]
+            colors = [f"C{e}" for e in range(n_exp) for _ in range(n_lab)]
+            ax.bar(range(len(values)), values, color=colors)
+            ax.set_xticks(range(len(values)), ticks, rotation=60, fontsize=7)
+            ax.axhline(0, color="k", lw=0.5)
+            ax.set_ylabel("contribution")
+            ax.set_title(f"test experience 0, query {q}: true {names[0][labels[q]]}, predicted label {pred[q]} "
+                         f"(= {names[0][pred[q]]} / {names[1][pred[q]] if n_exp > 1 else ''}); colour = training "
+                         f"experience", fontsize=8)
+        fig.suptitle(f"Contribution of each training class's patterns to the predicted logit ({logit_layer}; "
+                     f"kept fraction {f:g})", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "per_class_attention.png", dpi=110)
+        plt.close(fig)
+
+    # attention mass of first-experience queries over training time, every layer
+    steps = store.steps()
+    boundaries = np.flatnonzero(np.diff(steps["experience"])) + 1
+    time_rows = []
+    fig, axes = plt.subplots(1, len(layers), figsize=(4.2 * len(layers), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], layers):
+        mass = np.cumsum(attention_over_steps(store, name, queries[0]["inputs"][name]), axis=0)
+        for e in range(mass.shape[1]):
+            ax.plot(steps["step"], mass[:, e], label=f"patterns of experience {e}", color=f"C{e}")
+        for b in boundaries:
+            ax.axvline(b, color="grey", ls="--", lw=0.8)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("cumulative Σ α (mean query)")
+        stride = max(1, len(steps) // 200)
+        time_rows += [[name, int(s), *np.round(mass[s], 4), f] for s in range(0, len(steps), stride)]
+        time_rows.append([name, len(steps) - 1, *np.round(mass[-1], 4), f])
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"Attention mass of {len(queries[0]['labels'])} test queries of experience 0 on the training "
+                 f"patterns, by experience (kept fraction {f:g})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "attention_over_time.png", dpi=110)
+    plt.close(fig)
+    _write_csv(out / "attention_over_time.csv", ["layer", "step", *[f"cumulative_attention_exp{e}"
+                                                                    for e in range(n_exp)], "kept_fraction"],
+               time_rows)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    print(json.dumps(summary, indent=1, default=float))
+    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")
+    return 0
+
+
+ANALYSES = {"dual-form": dual_form_report}
+
+
+def analyze(args: argparse.Namespace) -> int:
+    return ANALYSES[args.analysis](args)
+
+
+COMMANDS.register("analyze")(Command("analyses of a recorded run (dual-form: attention over training patterns)",
+                                     _add_arguments, analyze))
