@@ -25,6 +25,7 @@ keeps every finished record; the same command resumes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import os
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from clbench import progress, tasks
+from clbench import fingerprint, progress, tasks
 from clbench import records as record_files
 from clbench.callbacks import CALLBACKS
 from clbench.config import RunSpec, config_hash
@@ -128,6 +129,7 @@ class WorkerSetup:
     shard_workers: int
     data: dict
     modules: tuple[str, ...]
+    fingerprints: tuple[tuple[str, str, str], ...] = ()    # (strategy, scenario, code fingerprint)
     warning_filters: tuple = ()
     log_level: int = logging.WARNING
 
@@ -140,8 +142,9 @@ class WorkerSetup:
             factories |= {STRATEGIES.get(spec.strategy.name), SCENARIOS.get(spec.scenario.name)}
             factories |= {CALLBACKS.get(c["name"]) for c in spec.strategy.callbacks}
         modules = sorted({f.__module__ for f in factories} - {"__main__", "__mp_main__"})
+        fingerprints = sorted({(s.strategy.name, s.scenario.name, s.code_fingerprint()) for s in specs})
         return cls(threads, shard_workers, {"data_root": str(search_roots()[0]), "download": download_enabled()},
-                   tuple(modules), tuple(warnings.filters), logging.getLogger().level)
+                   tuple(modules), tuple(fingerprints), tuple(warnings.filters), logging.getLogger().level)
 
     def apply(self) -> None:
         from clbench.data import configure
@@ -154,6 +157,15 @@ class WorkerSetup:
         progress.set_enabled(False)          # the driver shows one bar for the runs
         for module in self.modules:
             importlib.import_module(module)
+        # records carry the fingerprints the driver took when the suite started, as a sequential suite's do
+        # (computed once per process), so that resume compares like with like even if files change meanwhile
+        original = getattr(fingerprint.code_fingerprint, "keywords", {}).get("fallback", fingerprint.code_fingerprint)
+        known = {(strategy, scenario): value for strategy, scenario, value in self.fingerprints}
+        fingerprint.code_fingerprint = functools.partial(_known_fingerprint, known, fallback=original)
+
+
+def _known_fingerprint(known: dict, strategy: str, scenario: str, fallback) -> str:
+    return known.get((strategy, scenario)) or fallback(strategy, scenario)
 
 
 def lost_record(spec: RunSpec, reason: str) -> RunRecord:

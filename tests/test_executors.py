@@ -1,0 +1,158 @@
+"""The local executor with ``--jobs N``: runs in spawned worker processes give the records of a sequential run;
+a run that raises, a worker killed once (retried) and a worker killed every time (recorded failed) in one suite;
+Ctrl-C keeps finished records and resume runs the rest; the worker pool itself; ``plan`` and the CLI flags."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import tests._scale_fakes  # noqa: F401  (registers test_hold_or_crash)
+from clbench import executors
+from clbench.cli import main
+from clbench.config import parse_suite
+from clbench.executors import LocalExecutor, plan
+from clbench.runner import RunRecord, record_path
+from clbench.workers import WorkerLost, WorkerPool
+from tests._scale_fakes import attempts
+
+SCENARIO = {"name": "synthetic", "args": {"train_per_class": 15, "test_per_class": 10}}
+
+
+def _specs(strategies, seeds=(0,)):
+    return parse_suite({"suite": "t", "seeds": list(seeds), "scenarios": [SCENARIO],
+                        "strategies": strategies}).run_specs("cpu")
+
+
+# ------------------------------------------------------------------------------------------------ worker pool
+def test_worker_pool_yields_results_reraises_errors_and_reports_dead_workers():
+    """Standard-library functions only, so that the spawned workers start fast: ``os._exit(3)`` is a worker that
+    dies during its job (exit code 3), ``math.sqrt(-1)`` a job that raises."""
+    with WorkerPool(2, int) as pool:
+        got = dict(pool.imap_unordered(abs, [-1, -2, -3, -4, -5]))
+        assert got == {-1: 1, -2: 2, -3: 3, -4: 4, -5: 5}
+        lost = dict(pool.imap_unordered(os._exit, [3], retries=2))
+        assert lost == {3: WorkerLost(exitcode=3, attempts=3)}
+        assert "died (exit code 3), 3 time(s) (retries: 2)" in lost[3].reason
+        assert dict(pool.imap_unordered(abs, [-7])) == {-7: 7}          # the pool replaced its dead workers
+        with pytest.raises(ValueError, match="math domain error"):
+            list(pool.imap_unordered(math.sqrt, [4.0, -1.0]))
+        workers = [w.process for w in pool.workers]
+    assert workers and not any(p.is_alive() for p in workers)               # closed: no process left behind
+    assert WorkerLost(exitcode=-9, attempts=2).reason.startswith(
+        "WorkerLost: the worker process running this job died (killed by signal SIGKILL), 2 time(s)")
+
+
+# --------------------------------------------------------------------------------------------------- executor
+def test_jobs_2_gives_the_sequential_records_and_survives_failures_and_dead_workers(tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    naive = {"name": "naive", "preset": "cpu", "args": {"epochs": 1}}
+    diverges = {"name": "naive", "preset": "cpu", "label": "diverges",
+                "args": {"epochs": 1, "optimizer": "sgd", "lr": 1e30, "momentum": 0.0}}
+    crashing = {"name": "test_hold_or_crash", "args": {"marker_dir": str(markers), "crash_seeds": [1, 2],
+                                                         "crash_times": 1}}
+    always = {"name": "test_hold_or_crash", "label": "always_crashes",
+              "args": {"marker_dir": str(markers / "always"), "crash_seeds": [0], "crash_times": 9}}
+    (markers / "always").mkdir()
+    specs = _specs([naive], seeds=(0, 1)) + _specs([diverges, always]) + _specs([crashing], seeds=(1, 2))
+    sequential = LocalExecutor().run_all(_specs([naive], seeds=(0, 1)), tmp_path / "sequential")
+
+    records = LocalExecutor(jobs=2, threads=1, retries=1).run_all(specs, tmp_path / "parallel")
+
+    assert [r.run_id for r in records] == [s.run_id for s in specs]                      # in spec order
+    by_id = {r.run_id: r for r in records}
+    for r in sequential:                                                 # same seeds, same matrices, bit for bit
+        assert by_id[r.run_id].status == "finished" and by_id[r.run_id].accuracy_matrix == r.accuracy_matrix
+    assert by_id["synthetic__diverges__s0"].status == "failed"
+    assert "non-finite" in by_id["synthetic__diverges__s0"].reason
+    for seed in (1, 2):                                                  # killed once, retried once: finished
+        assert by_id[f"synthetic__test_hold_or_crash__s{seed}"].status == "finished"
+        assert attempts(markers, seed) == 2
+    lost = by_id["synthetic__always_crashes__s0"]
+    assert lost.status == "failed" and attempts(markers / "always", 0) == 2           # 1 + --retries attempts
+    assert "(killed by signal SIGKILL), 2 time(s)" in lost.reason
+    saved = RunRecord.load(record_path(tmp_path / "parallel", lost.run_id))            # written, with its identity
+    assert saved.status == "failed" and saved.reason == lost.reason and saved.identity_hash == lost.identity_hash
+    for r in records:
+        assert RunRecord.load(record_path(tmp_path / "parallel", r.run_id)).status == r.status
+
+
+def test_ctrl_c_stops_the_workers_keeps_finished_records_and_resume_runs_the_rest(tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / "hold").write_text("")
+    specs = _specs([{"name": "test_hold_or_crash", "args": {"marker_dir": str(markers), "hold_seeds": [1, 2, 3]}}],
+                   seeds=(0, 1, 2, 3))
+    out = tmp_path / "out"
+    first = record_path(out, specs[0].run_id)
+
+    def press_ctrl_c():                      # once seed 0 is recorded and seed 1 is held in the other worker
+        deadline = time.monotonic() + 120
+        while not (first.exists() and attempts(markers, 1)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        LocalExecutor(jobs=2, threads=1).run_all(specs, out)
+    assert multiprocessing.active_children() == []                       # the held worker was stopped
+    assert sorted(p.name for p in (out / "runs").glob("*.json")) == [first.name]
+
+    (markers / "hold").unlink()
+    records = LocalExecutor().run_all(specs, out)                        # resume: the three others only
+    assert [r.run_id for r in records] == [s.run_id for s in specs[1:]]
+    assert all(r.status == "finished" for r in records) and attempts(markers, 0) == 1
+
+
+# ------------------------------------------------------------------------------------------------- plan, flags
+def test_plan_fills_the_cores_with_one_thread_runs_by_default(monkeypatch):
+    monkeypatch.setattr(executors, "available_cores", lambda: 8)
+    assert plan(None, None, "cpu") == (8, 1)          # auto: a run per core, 1 thread each
+    assert plan(None, 2, "cpu") == (4, 2)             # auto with --threads 2: a run per 2 cores
+    assert plan(4, None, "cpu") == (4, 2)             # --jobs 4: the cores shared out
+    assert plan(16, None, "cpu") == (16, 1)
+    assert plan(1, None, "cpu") == (1, None)          # --jobs 1: torch's default, as before --jobs existed
+    assert plan(3, 5, "cpu") == (3, 5)
+
+
+def test_bad_jobs_flags_stop_before_the_first_run(tiny_suite, tmp_path, capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr(executors, "run", lambda spec, out: calls.append(spec))
+    suite = tiny_suite([{"name": "test_increasing_logits"}])
+    cases = [(["--jobs", "0"], "--jobs must be at least 1"),
+             (["--retries", "-1"], "--retries must be at least 0"),
+             (["--gpus-per-run", "1"], "--executor ray only"),
+             (["--executor", "ray", "--cpus-per-run", "0"], "above 0"),
+             (["--executor", "ray", "--jobs", "2"], "--jobs is for the local executor")]
+    for flags, message in cases:
+        capsys.readouterr()
+        assert main(["--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet", *flags]) == 2, flags
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (flags, err)
+    monkeypatch.setenv("CLBENCH_JOBS", "many")
+    assert main(["--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "$CLBENCH_JOBS: expected 'auto' or a number" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--suite", str(suite), "--jobs", "two"])
+    assert "expected 'auto' or a number of runs at once, got 'two'" in capsys.readouterr().err
+    assert calls == []
+
+
+def test_cli_jobs_2_runs_in_workers_with_one_thread_each(tiny_suite, tmp_path, capsys):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    suite = tiny_suite([{"name": "test_hold_or_crash", "args": {"marker_dir": str(markers)}}], seeds=(0, 1))
+    assert main(["--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet", "--quiet-table", "--device", "cpu",
+                 "--jobs", "2"]) == 0
+    assert "2 runs (1 scenarios x 1 strategies x 2 seeds; 2 at once, 1 torch thread(s) each)" in \
+        capsys.readouterr().err
+    assert len(list((tmp_path / "o" / "runs").glob("*.json"))) == 2
+    pids = {int((markers / f"{seed}.0").read_text()) for seed in (0, 1)}
+    assert os.getpid() not in pids                          # trained in the worker processes, not here
