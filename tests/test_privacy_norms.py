@@ -11,7 +11,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from clbench.models.vit import vit
-from clbench.privacy import LearnedPositions, TiedEmbedding, UnsupportedLayerError, per_sample_grad_norms, rules
+from clbench.privacy import UnsupportedLayerError, per_sample_grad_norms
 from clbench.protocol import ClassificationInfo
 from clbench.tangent import linearize
 
@@ -136,47 +136,64 @@ def test_embedding_with_repeated_ids_and_padding():
 
 
 class TinySeqRec(nn.Module):
-    """A one-block next-item model with SHARED input/output item embeddings (the #13 seqrec shape)."""
+    """A one-block next-item model with SHARED input/output item embeddings (PyTorch's tying idiom, as the #13
+    seqrec model): ``output.weight is items.weight``; positions are an Embedding of expanded position ids."""
 
     def __init__(self, items=30, d=8, length=6):
         super().__init__()
-        self.items = TiedEmbedding(items, d, padding_idx=0, init_std=0.5)
-        self.positions = LearnedPositions(length, d, init_std=0.5)
+        self.items = nn.Embedding(items, d, padding_idx=0)
+        self.positions = nn.Embedding(length, d)
         self.norm = nn.LayerNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.output = nn.Linear(d, items, bias=False)
+        self.output.weight = self.items.weight
+        for p in (self.items.weight, self.positions.weight):
+            nn.init.normal_(p, std=0.5)
 
-    def forward(self, ids):
-        h = self.positions(self.items(ids))
+    def forward(self, ids, expand=True):
+        positions = torch.arange(ids.shape[1])
+        h = self.items(ids) + self.positions(positions.expand_as(ids) if expand else positions)
         h = h + self.mlp(self.norm(h))
-        return self.items.logits(h)                     # (B, T, V)
+        return self.output(h)                           # (B, T, V)
 
 
-def test_tied_embedding_phantom_clipping_matches_vmap():
-    g = torch.Generator().manual_seed(2)
+def tied_data(seed):
+    g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 30, (5, 6), generator=g)
     ids[:, 0] = ids[:, 3]                              # repeated items: the input side's same-id terms
     targets = torch.randint(1, 30, (5, 6), generator=g)
     targets[:, 1] = ids[:, 2]                          # targets that are also inputs: the cross term
-    check(TinySeqRec(), ids, targets)
+    return ids, targets
+
+
+def test_tied_embedding_phantom_clipping_matches_vmap():
+    model = TinySeqRec()
+    assert model.output.weight is model.items.weight
+    check(model, *tied_data(2))
 
 
 def test_tied_embedding_cross_term_is_needed(monkeypatch):
-    """The same rule without the cross term between the two uses of E gives a different (wrong) norm."""
-    from clbench.privacy import tied
-
-    g = torch.Generator().manual_seed(3)
-    model = TinySeqRec()
-    ids, targets = torch.randint(1, 30, (4, 6), generator=g), torch.randint(1, 30, (4, 6), generator=g)
-    targets[:, :3] = ids[:, 3:]
+    """Without the cross term between the two uses of E the norm is different (wrong)."""
+    model, (ids, targets) = TinySeqRec(), tied_data(3)
     ref = vmap_norms(model, ce, ids, targets)
     torch.testing.assert_close(per_sample_grad_norms(model, ce, ids, targets), ref, rtol=RTOL, atol=0)
-
-    def without_cross(module, calls):
-        (ids_, g_in), (h, g_out) = tied._sides(module, calls)
-        return tied.embedding_sq_norms(ids_, g_in) + tied.matmul_sq_norms(h, g_out)
-
-    monkeypatch.setattr(rules.RULES[TiedEmbedding], "sq_norms", without_cross)
+    monkeypatch.setattr("clbench.privacy.tape.cross_sq_norms", lambda *a: torch.zeros(len(ids)))
     assert not torch.allclose(per_sample_grad_norms(model, ce, ids, targets), ref, rtol=1e-3)
+
+
+def test_position_ids_without_batch_dimension_are_refused_with_a_hint():
+    model, (ids, targets) = TinySeqRec(), tied_data(4)
+    with pytest.raises(UnsupportedLayerError, match=r"expand position ids to \(B, T\)"):
+        per_sample_grad_norms(_NoExpand(model), ce, ids, targets)
+
+
+class _NoExpand(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(ids, expand=False)
 
 
 def small_vit(**kw):
@@ -249,10 +266,10 @@ def test_multihead_attention_is_refused():
         per_sample_grad_norms(Mha(), ce, *seq_data())
 
 
-def test_parameter_shared_by_two_modules_is_refused():
+def test_parameter_shared_by_two_linear_layers_is_refused():
     model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.Linear(6, 3))
     model[2].weight = model[0].weight
-    with pytest.raises(UnsupportedLayerError, match="TiedEmbedding"):
+    with pytest.raises(UnsupportedLayerError, match=r"shared by 0.weight \(Linear\), 2.weight \(Linear\)"):
         per_sample_grad_norms(model, ce, torch.randn(4, 6), torch.tensor([0, 1, 2, 0]))
 
 

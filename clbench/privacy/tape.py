@@ -3,9 +3,9 @@ activations ``A`` and output gradients ``G`` (:class:`~clbench.privacy.rules.Cal
 per-sample squared norms and weighted gradient sums.
 
 Every module under the roots that owns trainable parameters must have a rule in
-:data:`~clbench.privacy.rules.RULES` (else :class:`~clbench.privacy.rules.UnsupportedLayerError`, naming it), no
-parameter may be owned by two modules (ties are declared with :class:`~clbench.privacy.tied.TiedEmbedding`), and
-after the backward every parameter with a gradient must have been seen by its module's hooks
+:data:`~clbench.privacy.rules.RULES` (else :class:`~clbench.privacy.rules.UnsupportedLayerError`, naming it), a
+parameter owned by two modules must be a tied input/output embedding (:mod:`clbench.privacy.tied`), and after the
+backward every parameter with a gradient must have been seen by its module's hooks
 (:meth:`Tape.check_explained`): a parameter is never skipped silently.
 """
 
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from clbench.privacy.rules import RULES, Call, UnsupportedLayerError, own
+from clbench.privacy.tied import cross_sq_norms, tie
 
 
 class Tape:
@@ -26,7 +27,7 @@ class Tape:
 
     def __init__(self, *roots: nn.Module) -> None:
         self.names: dict[nn.Module, str] = {}
-        self.owner: dict[int, tuple[nn.Module, str]] = {}          # id(param) -> (module, parameter name)
+        self.owners: dict[int, list[tuple[nn.Module, str, str]]] = {}   # id(param) -> [(module, name, param name)]
         self.calls: dict[nn.Module, list[Call]] = {}
         self.handles: list = []
         for root in roots:
@@ -41,14 +42,10 @@ class Tape:
                         f"which owns trainable parameters {sorted(params)}; freeze them or add a rule with "
                         f"clbench.privacy.register_rule.")
                 for pname, p in params.items():
-                    if id(p) in self.owner:
-                        other, oname = self.owner[id(p)]
-                        raise UnsupportedLayerError(
-                            f"parameter {name}.{pname} is also {self.names[other]}.{oname}: a parameter shared by two "
-                            f"modules needs one module for both uses (tied embeddings: clbench.privacy.TiedEmbedding).")
-                    self.owner[id(p)] = (module, pname)
+                    self.owners.setdefault(id(p), []).append((module, name, pname))
                 self.names[module] = name
                 self.handles += rule.install(module, self._recorder(module))
+        self.ties = [tie(owners) for owners in self.owners.values() if len(owners) > 1]
 
     def _recorder(self, module: nn.Module):
         def record(call: Call) -> None:
@@ -84,7 +81,7 @@ class Tape:
                     raise UnsupportedLayerError(
                         f"{type(module).__qualname__} at {self.names[module]!r} was called on a tensor of leading "
                         f"dimension {c.grad.shape[0]}, not the batch size {batch}: per-sample norms need the sample "
-                        f"dimension first in every hooked layer.")
+                        f"dimension first in every hooked layer (e.g. expand position ids to (B, T)).")
             if done:
                 out[module] = done
         return out
@@ -94,10 +91,10 @@ class Tape:
         whose calls received output gradients in this backward."""
         filled = self._filled(batch)
         for p in params:
-            module, name = self.owner.get(id(p), (None, None))
-            if module is None or module not in filled:
-                where = "a module outside the hooked models" if module is None else \
-                    f"{type(module).__qualname__} at {self.names[module]!r} ({name})"
+            owners = self.owners.get(id(p), [])
+            if not any(module in filled for module, _, _ in owners):
+                where = " and ".join(f"{type(m).__qualname__} at {q!r} ({n})" for m, q, n in owners) or \
+                    "a module outside the hooked models"
                 raise UnsupportedLayerError(
                     f"a parameter of shape {tuple(p.shape)} owned by {where} received a gradient that no hook saw "
                     f"(its module was not called through forward, e.g. nn.MultiheadAttention's out_proj); "
@@ -106,21 +103,23 @@ class Tape:
     def sq_norms(self, batch: int) -> Tensor:
         """``Σ_θ ‖∇θ_i‖²: (B,)`` over every hooked parameter, for the loss whose backward ran."""
         filled = self._filled(batch)
-        total = None
-        for module, calls in filled.items():
-            part = RULES[type(module)].sq_norms(module, calls)
-            total = part if total is None else total + part
+        parts = [RULES[type(module)].sq_norms(module, calls) for module, calls in filled.items()]
+        parts += [cross_sq_norms(emb, filled[emb], lin, filled[lin]) for emb, lin in self.ties
+                  if emb in filled and lin in filled]
+        total = sum(parts[1:], parts[0]) if parts else None
         if total is None:
             raise UnsupportedLayerError("no hooked layer received a gradient: nothing to clip.")
         return total
 
     def weighted_grads(self, w: Tensor) -> dict[nn.Parameter, Tensor]:
-        """``{θ: Σ_i w_i ∇θ_i}`` for every hooked parameter that received a gradient (``w: (B,)``)."""
-        out = {}
+        """``{θ: Σ_i w_i ∇θ_i}`` for every hooked parameter that received a gradient (``w: (B,)``); a tied
+        parameter gets the sum over its uses."""
+        out: dict[nn.Parameter, Tensor] = {}
         for module, calls in self._filled(len(w)).items():
             params = own(module)
             for name, value in RULES[type(module)].weighted(module, calls, w).items():
-                out[params[name]] = value
+                p = params[name]
+                out[p] = out[p] + value if p in out else value
         return out
 
 
