@@ -236,7 +236,7 @@ class RunSpec:
     @classmethod
     def from_dict(cls, d: dict) -> RunSpec:
         """The inverse of :meth:`to_dict`, also after a JSON round trip (a record's ``spec``): JSON turns the
-        callbacks tuple into a list, which is turned back (an entry must stay hashable and compare equal)."""
+        callbacks tuple into a list, which is turned back (so that the entry compares equal to the one written)."""
         strategy = {**d["strategy"], "callbacks": tuple(d["strategy"].get("callbacks", ()))}
         return cls(suite=d["suite"], scenario=ScenarioEntry(**d["scenario"]), strategy=StrategyEntry(**strategy),
                    seed=d["seed"], device=d.get("device", "auto"), amp=d.get("amp", False))
