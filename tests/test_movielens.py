@@ -47,6 +47,8 @@ def test_leave_last_out_is_the_papers_protocol_for_one_experience():
         ([0, 0, 20], [0, 0, 22]),           # user 2: target 22; 21 is held out
     ]
     assert scenario.info.extra["n_items"] == 30 and scenario.info.input_shape == (3,)
+    last = sequences_scenario(ROWS, 1, max_len=3, windows="last", n_items=30)     # one window per user
+    assert rows_of(last.train_stream[0].dataset) == [([15, 11, 10], [11, 10, 12]), ([0, 0, 20], [0, 0, 22])]
     assert [s.name for s in scenario.evaluator.specs] == ["ndcg@10", "hit@10"]
 
 
@@ -76,6 +78,8 @@ def test_periods_train_on_their_own_interactions_and_test_on_their_last_item():
 def test_bad_arguments_and_item_ids_are_refused():
     with pytest.raises(ValueError, match="holdout must be one of"):
         movielens_seqrec(holdout="last")
+    with pytest.raises(ValueError, match="windows one of"):
+        movielens_seqrec(windows="first")
     with pytest.raises(ValueError, match="item ids must lie in 1..12"):
         sequences_scenario(ROWS, 1, max_len=3, n_items=12)
 

@@ -27,8 +27,10 @@ treated as independent (diagonal covariance); the activations actually computed 
 
 - Linear ``y = W x + b`` with ``Var W_ij = s_W``, ``Var b_i = s_b``, ``Var x_j = v_j`` (all independent):
   ``Var y_i = Σ_j W_ij² v_j + s_W Σ_j (x_j² + v_j) + s_b``                                            (exact)
-- LayerNorm ``y = γ ⊙ x̂ + β``, ``x̂ = (x - m) / s``: first order in ``x`` (the Jacobian ``J = diag(γ)/s ·
-  (I - (1 + x̂ x̂ᵀ)/d)``, its diagonal part of ``J diag(v) Jᵀ``) plus the parameters' errors:
+- LayerNorm ``y = γ ⊙ x̂ + β``, ``x̂ = (x - m) / s``: first order in ``x`` (the diagonal of ``J diag(v) Jᵀ``,
+  ``J = diag(γ)/s · (I - (1 + x̂ x̂ᵀ)/d)``) plus the parameters' errors, with the normalizer taken at its expected
+  value under the noise, ``s² = Var_d(x) + (1 - 1/d) mean(v) + ε`` (without it the variance is over-estimated by
+  ``≈ 1 + mean(v)/Var_d(x)``; checked against Monte Carlo in tests/test_reattention.py):
   ``Var y_i = (γ_i/s)² [v_i (1 - 2(1 + x̂_i²)/d) + (Σ_j v_j + 2 x̂_i Σ_j x̂_j v_j + x̂_i² Σ_j x̂_j² v_j)/d²]
   + s_γ x̂_i² + s_β``
 - ReLU / GELU on ``N(μ, v)``: the exact variance of the output (ReLU: the rectified-Gaussian closed form;
@@ -102,7 +104,7 @@ def layer_norm_var(x: Tensor, x_var: Tensor, layer: nn.LayerNorm, param_var: flo
     """``Var y`` of ``y = layer(x)`` over the last dimension ``d`` (first order in ``x``; exact in ``γ, β``)."""
     d = x.shape[-1]
     mean = x.mean(-1, keepdim=True)
-    std = (x.var(-1, unbiased=False, keepdim=True) + layer.eps).sqrt()
+    std = (x.var(-1, unbiased=False, keepdim=True) + x_var.mean(-1, keepdim=True) * (1 - 1 / d) + layer.eps).sqrt()
     xhat = (x - mean) / std
     s0 = x_var.sum(-1, keepdim=True)
     s1 = (xhat * x_var).sum(-1, keepdim=True)
@@ -168,9 +170,10 @@ class CausalSelfAttention(nn.Module):
         """``log`` of the factor each score is divided by; vanilla attention: 0."""
         return 0.0
 
-    def forward(self, x: Tensor, pad: Tensor, x_var: Tensor | None = None,
-                param_var: float = 0.0) -> tuple[Tensor, Tensor | None]:
-        """``(out (B, L, d), Var out or None)``; ``x_var``: variances of ``x`` (error tracking) or None."""
+    def forward(self, x: Tensor, pad: Tensor, x_var: Tensor | None = None, param_var: float = 0.0,
+                track: bool = True) -> tuple[Tensor, Tensor | None]:
+        """``(out (B, L, d), Var out or None)``; ``x_var``: variances of ``x`` (error tracking) or None;
+        ``track=False``: use ``x_var`` for the scores only and return no output variance (the last block)."""
         b, n, d = x.shape
         q = self._split(self.q(x)) / math.sqrt(self.head_dim)                     # q̃ = q / √d_h
         k, v = self._split(self.k(x)), self._split(self.v(x))
@@ -181,7 +184,7 @@ class CausalSelfAttention(nn.Module):
         attn = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
         out = (self.dropout(attn) @ v).transpose(1, 2).reshape(b, n, d)
         out_var = None
-        if x_var is not None:
+        if x_var is not None and track:
             with torch.no_grad():
                 v_var = self._split(linear_var(x, x_var, self.v, param_var))
                 o_var = (attn.square() @ v_var).transpose(1, 2).reshape(b, n, d)

@@ -25,7 +25,8 @@ last item is the test item, everything before it trains.
   by windows of ``max_len`` consecutive positions, taken back from the last target: a sample is
   ``x = s_u[b-L .. b-1]`` (``(L,)`` item ids, left-padded with 0) and ``y = s_u[b-L+1 .. b]`` (``(L,)`` next items,
   0 where a position is not a target of this experience), for ``b = last, last - L, ...`` while it covers a target.
-  Every target is in exactly one window.
+  Every target is in exactly one window. With ``windows="last"`` only the first of them (the latest ``L``
+  targets) is kept: SASRec's truncation, one training sample per user and period.
 - Test experience ``k``: one sample per user with an evaluation position in period ``k``:
   ``x = s_u[e-L .. e-1]`` (left-padded) and ``y = s_u[e] - 1``: the evaluator's column ``c`` is item ``c + 1``
   (a strategy's ``predict`` returns ``(B, 1682)`` scores of items ``1..1682``).
@@ -55,6 +56,7 @@ from clbench.registry import SCENARIOS
 
 N_ITEMS = 1682
 HOLDOUTS = ("test", "valid")
+WINDOWS = ("all", "last")
 
 
 def _not_split(paths: dict[str, Path]) -> SplitArrays:
@@ -129,9 +131,10 @@ def split_user(seq: UserSequence, period: int, holdout: str) -> tuple[np.ndarray
     return targets[targets >= 1], (e if e is not None and e >= 1 else None)
 
 
-def period_samples(sequences: list[UserSequence], period: int, max_len: int,
-                   holdout: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """Training windows ``(x (M, L), y (M, L))`` and test samples ``(x (U, L), y (U,))`` of one period."""
+def period_samples(sequences: list[UserSequence], period: int, max_len: int, holdout: str,
+                   windows: str = "all") -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Training windows ``(x (M, L), y (M, L))`` and test samples ``(x (U, L), y (U,))`` of one period;
+    ``windows="last"`` keeps only each user's last window."""
     train_x, train_y, test_x, test_y = [], [], [], []
     for seq in sequences:
         targets, e = split_user(seq, period, holdout)
@@ -142,7 +145,8 @@ def period_samples(sequences: list[UserSequence], period: int, max_len: int,
             continue
         is_target = np.zeros(len(seq.items) + 1, dtype=bool)
         is_target[targets] = True
-        for b in range(int(targets[-1]), int(targets[0]) - 1, -max_len):
+        ends = range(int(targets[-1]), int(targets[0]) - 1, -max_len)
+        for b in ends if windows == "all" else ends[:1]:
             train_x.append(_window(seq.items, b, max_len))
             y = _window(seq.items, b + 1, max_len)
             positions = np.arange(b + 1 - max_len, b + 1)
@@ -155,28 +159,31 @@ def period_samples(sequences: list[UserSequence], period: int, max_len: int,
 
 @SCENARIOS.register("movielens_seqrec")
 def movielens_seqrec(*, seed: int = 0, n_experiences: int = 1, max_len: int = 50, holdout: str = "test",
-                     data_root: str | None = None) -> Scenario:
+                     windows: str = "all", data_root: str | None = None) -> Scenario:
     """Next-item prediction on MovieLens-100k: leave-last-out (per time period), NDCG@10 / HIT@10 over all items.
     ``n_experiences``: 1 = the paper's protocol, more = equal-size time periods (module docstring); ``max_len``: the
     model's sequence length ``L`` (SASRec's 50 for sparse data); ``holdout``: ``test`` or ``valid`` (the
-    second-to-last item). The data do not depend on ``seed``."""
-    if holdout not in HOLDOUTS:
-        raise ValueError(f"holdout must be one of {HOLDOUTS}, got {holdout!r}.")
+    second-to-last item); ``windows``: ``all`` (every target once) or ``last`` (one window per user and period:
+    SASRec's truncation to the latest ``L`` items, and one training sample per user, the unit of user-level
+    privacy). The data do not depend on ``seed``."""
+    if holdout not in HOLDOUTS or windows not in WINDOWS:
+        raise ValueError(f"holdout must be one of {HOLDOUTS} and windows one of {WINDOWS}; got {holdout!r}, "
+                         f"{windows!r}.")
     if n_experiences < 1 or max_len < 1:
         raise ValueError(f"n_experiences and max_len must be positive, got {n_experiences} and {max_len}.")
     _, paths = locate(MOVIELENS_100K, data_root)
-    return sequences_scenario(read_interactions(paths["u.data"]), n_experiences, max_len, holdout)
+    return sequences_scenario(read_interactions(paths["u.data"]), n_experiences, max_len, holdout, windows)
 
 
 def sequences_scenario(rows: np.ndarray, n_experiences: int, max_len: int, holdout: str = "test",
-                       n_items: int = N_ITEMS) -> Scenario:
+                       windows: str = "all", n_items: int = N_ITEMS) -> Scenario:
     """The scenario of any ``(N, 4)`` interaction table (``user, item, rating, timestamp``; items ``1..n_items``)."""
     if len(rows) == 0 or rows[:, 1].min() < 1 or rows[:, 1].max() > n_items:
         raise ValueError(f"item ids must lie in 1..{n_items} (0 is padding); got {len(rows)} interactions.")
     sequences = user_sequences(rows, n_experiences)
     train, test = [], []
     for k in range(n_experiences):
-        (tx, ty), (vx, vy) = period_samples(sequences, k, max_len, holdout)
+        (tx, ty), (vx, vy) = period_samples(sequences, k, max_len, holdout, windows)
         if len(ty) == 0 or len(vy) == 0:
             raise ValueError(f"period {k} of {n_experiences} has {len(ty)} training windows and {len(vy)} test "
                              f"users; use fewer n_experiences.")
@@ -185,5 +192,6 @@ def sequences_scenario(rows: np.ndarray, n_experiences: int, max_len: int, holdo
         test.append(SimpleNamespace(dataset=Sequences(torch.from_numpy(vx), torch.from_numpy(vy), k),
                                     current_experience=k))
     info = ScenarioInfo(name="movielens_seqrec", n_experiences=n_experiences, input_shape=(max_len,),
-                        extra={"n_items": n_items, "max_len": max_len, "padding": 0, "holdout": holdout})
+                        extra={"n_items": n_items, "max_len": max_len, "padding": 0, "holdout": holdout,
+                               "windows": windows})
     return Scenario(info, train, test, RankingEvaluator(n_items, k=10))

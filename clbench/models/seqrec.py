@@ -1,0 +1,151 @@
+"""A SASRec-style next-item transformer (Kang & McAuley, 2018) with SHARED item embeddings, as used by Ding et al.
+(ICML 2024) for private sequential recommendation.
+
+``items (B, L)`` (ids ``1..V``, 0 = padding) ->
+``h_0 = E[items] + P[0..L-1]`` (learned positions) -> ``depth`` pre-LN blocks
+``h ← h + Attn(LN(h))``, ``h ← h + W_2 act(W_1 LN(h))`` with causal attention -> ``LN`` ->
+scores ``h · Eᵀ`` ``(B, L, V + 1)``: the output layer is ``output = nn.Linear(d, V+1, bias=False)`` whose ``weight``
+IS the input embedding's Parameter ``item_emb.weight`` (PyTorch's weight-tying idiom: one Parameter, used by an
+``nn.Embedding`` and an ``nn.Linear``; per-sample gradient code finds the tie by parameter identity).
+
+The position ``t`` output depends only on items ``0..t``. Training objective (:func:`next_item_loss`): softmax
+cross-entropy over all ``V`` items (padding excluded) at every position that has a target.
+
+Attention is :class:`~clbench.privacy.reattention.CausalSelfAttention` (``attention="vanilla"``) or
+:class:`~clbench.privacy.reattention.ReAttention`; with an :class:`~clbench.privacy.reattention.ErrorPrior` set
+(:meth:`SeqRec.set_error_prior`), the forward pass also tracks the activations' variances and Re-Attention uses
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from clbench.privacy.reattention import (
+    ACTIVATIONS,
+    ATTENTIONS,
+    ErrorPrior,
+    activation_var,
+    layer_norm_var,
+    linear_var,
+)
+from clbench.protocol import ScenarioInfo
+from clbench.registry import MODELS
+
+
+class Block(nn.Module):
+    """``h ← h + Attn(LN_1 h)``; ``h ← h + W_2 act(W_1 LN_2 h)`` (dropout after attention and each FFN layer)."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float, activation: str,
+                 attention: str) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = ATTENTIONS[attention](dim, heads, dropout)
+        hidden = int(dim * mlp_ratio)
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.activation = activation
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, h: Tensor, pad: Tensor, var: Tensor | None, param_var: float,
+                track: bool = True) -> tuple[Tensor, Tensor | None]:
+        """``h (B, L, d)``, ``pad (B, L)``, ``var``: variances of ``h`` (None: no error tracking); ``track=False``:
+        ``var`` serves this block's attention scores only and no output variance is returned (last block)."""
+        a = self.norm1(h)
+        a_var = None if var is None else _no_grad(layer_norm_var, h, var, self.norm1, param_var)
+        out, out_var = self.attn(a, pad, a_var, param_var, track)
+        var = var if track else None
+        h = h + self.dropout(out)
+        f = self.norm2(h)
+        z = self.fc1(f)
+        y = self.fc2(self.dropout(ACTIVATIONS[self.activation](z)))
+        if var is not None:
+            with torch.no_grad():
+                var = var + out_var
+                f_var = layer_norm_var(h, var, self.norm2, param_var)
+                z_var = activation_var(self.activation, z, linear_var(f, f_var, self.fc1, param_var))
+                var = var + linear_var(ACTIVATIONS[self.activation](z), z_var, self.fc2, param_var)
+        return h + self.dropout(y), var
+
+
+def _no_grad(fn, *args):
+    with torch.no_grad():
+        return fn(*args)
+
+
+class SeqRec(nn.Module):
+    """See the module docstring. ``n_items = V`` (scores have ``V + 1`` columns, column 0 = padding)."""
+
+    def __init__(self, n_items: int, max_len: int, dim: int = 64, depth: int = 2, heads: int = 1,
+                 mlp_ratio: float = 4.0, dropout: float = 0.2, activation: str = "relu",
+                 attention: str = "vanilla") -> None:
+        super().__init__()
+        if attention not in ATTENTIONS or activation not in ACTIVATIONS:
+            raise ValueError(f"attention must be one of {sorted(ATTENTIONS)} and activation one of "
+                             f"{sorted(ACTIVATIONS)}; got {attention!r}, {activation!r}.")
+        self.n_items, self.max_len = n_items, max_len
+        self.item_emb = nn.Embedding(n_items + 1, dim, padding_idx=0)
+        self.pos_emb = nn.Embedding(max_len, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, dropout, activation, attention)
+                                    for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+        self.output = nn.Linear(dim, n_items + 1, bias=False)
+        self.output.weight = self.item_emb.weight                      # the tie: one Parameter, two uses
+        nn.init.normal_(self.item_emb.weight, std=0.02)
+        nn.init.normal_(self.pos_emb.weight, std=0.02)
+        with torch.no_grad():
+            self.item_emb.weight[0].zero_()
+        self.error_prior: ErrorPrior | Callable[[], ErrorPrior | None] | None = None
+
+    def set_error_prior(self, prior: ErrorPrior | Callable[[], ErrorPrior | None] | None) -> None:
+        """Track activation variances from ``prior`` in every forward pass (None: no tracking); a callable is
+        asked for the prior at each forward pass (σ_dp may be calibrated only once training starts)."""
+        self.error_prior = prior
+
+    def hidden(self, items: Tensor) -> Tensor:
+        """``(B, L)`` item ids -> ``(B, L, d)`` final hidden states."""
+        if items.shape[1] > self.max_len:
+            raise ValueError(f"sequences of length {items.shape[1]} exceed max_len {self.max_len}.")
+        pad = items == 0
+        positions = torch.arange(items.shape[1], device=items.device).expand_as(items)     # (B, L): per sample
+        h = self.dropout(self.item_emb(items) + self.pos_emb(positions))
+        var, param_var = None, 0.0
+        prior = self.error_prior() if callable(self.error_prior) else self.error_prior
+        if prior is not None and prior.active:
+            param_var = prior.dense_var
+            token_var = prior.token_var().to(h.device, h.dtype)
+            token_var[0] = 0.0                                          # the padding row is fixed at 0
+            var = (token_var[items] + param_var)[..., None].expand_as(h).clone()
+        for i, block in enumerate(self.blocks):
+            h, var = block(h, pad, var, param_var, track=i < len(self.blocks) - 1)
+        return self.norm(h)
+
+    def forward(self, items: Tensor) -> Tensor:
+        """``(B, L)`` -> scores ``(B, L, V + 1)`` of every item at every position."""
+        return self.output(self.hidden(items))
+
+    def last_scores(self, items: Tensor) -> Tensor:
+        """Scores ``(B, V)`` of items ``1..V`` for the item after the last position."""
+        return self.output(self.hidden(items)[:, -1])[:, 1:]
+
+
+def next_item_loss(scores: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
+    """Per-sample losses ``L_i = Σ_t CE(scores_{i,t}, targets_{i,t})``: softmax cross-entropy over items ``1..V``
+    summed over the positions with a target (``targets > 0``). ``scores (B, L, V + 1)``, ``targets (B, L)``.
+    ``mean``: ``(1/B) Σ_i L_i`` (the batch mean of per-sample losses that private training requires); ``sum``;
+    ``sample``: the ``(B,)`` losses ``L_i``."""
+    losses = F.cross_entropy(scores[..., 1:].transpose(1, 2), targets - 1, ignore_index=-1, reduction="none").sum(1)
+    reduce = {"sample": lambda x: x, "sum": torch.sum, "mean": torch.mean}
+    if reduction not in reduce:
+        raise ValueError(f"reduction must be mean, sum or sample, got {reduction!r}.")
+    return reduce[reduction](losses)
+
+
+@MODELS.register("seqrec")
+def seqrec(info: ScenarioInfo, **kwargs) -> SeqRec:
+    """:class:`SeqRec` for a recommendation scenario (``info.extra['n_items']``, ``info.input_shape = (L,)``)."""
+    return SeqRec(info.extra["n_items"], info.input_shape[0], **kwargs)

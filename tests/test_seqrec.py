@@ -1,0 +1,117 @@
+"""The seqrec model (causality, the shared embedding, the loss) and the ``seqrec`` strategy through the runner, the
+ranking evaluator and the record; private training with the ``dp`` callback feeding Re-Attention's σ_dp."""
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from clbench.callbacks import CallbackContext, CallbackSpec
+from clbench.config import parse_suite
+from clbench.executors import LocalExecutor
+from clbench.models.seqrec import SeqRec, next_item_loss
+from clbench.protocol import ScenarioInfo
+from clbench.registry import MODELS, SCENARIOS, STRATEGIES
+from clbench.scenarios.movielens import sequences_scenario
+from clbench.strategies.seqrec import item_frequency
+
+N_ITEMS = 12
+
+
+@SCENARIOS.register("test_seqrec_cycles")
+def cycles(*, seed: int = 0, n_experiences: int = 1, users: int = 40, length: int = 12):
+    """Each user walks the items in a cycle (next = item % 12 + 1) from its own start: next-item is learnable."""
+    rows = [(u, (u + t) % N_ITEMS + 1, 1, 1000 * t + u) for u in range(users) for t in range(length)]
+    return sequences_scenario(np.array(rows), n_experiences, max_len=6, n_items=N_ITEMS)
+
+
+@pytest.mark.parametrize("attention", ["vanilla", "reattention"])
+def test_outputs_at_t_do_not_depend_on_later_items(attention):
+    torch.manual_seed(0)
+    model = SeqRec(30, 8, dim=16, attention=attention).eval()
+    if attention == "reattention":
+        from clbench.privacy.reattention import ErrorPrior
+        model.set_error_prior(ErrorPrior(1.0, 16, torch.rand(31)))
+    items = torch.randint(1, 31, (3, 8))
+    items[0, :2] = 0                                                      # left padding
+    changed = items.clone()
+    changed[:, 5:] = torch.randint(1, 31, (3, 3))
+    a, b = model(items), model(changed)
+    torch.testing.assert_close(a[:, :5], b[:, :5], rtol=0, atol=0)        # positions 0..4: exactly unchanged
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+    assert torch.isfinite(a).all()                                        # padding rows attend to themselves
+
+
+def test_input_and_output_embeddings_are_one_parameter():
+    torch.manual_seed(1)
+    model = SeqRec(20, 5, dim=8, dropout=0.0)
+    assert model.output.weight is model.item_emb.weight
+    assert sum(p is model.item_emb.weight for p in model.parameters()) == 1
+    items, targets = torch.randint(1, 21, (4, 5)), torch.randint(0, 21, (4, 5))
+    next_item_loss(model(items), targets).backward()
+    shared = model.item_emb.weight.grad.clone()
+    # the shared gradient is the sum of the two uses: input lookup + output projection (computed separately)
+    e = model.item_emb.weight.detach().clone().requires_grad_(True)
+    o = model.item_emb.weight.detach().clone().requires_grad_(True)
+    h = model.dropout(F.embedding(items, e, padding_idx=0) + model.pos_emb(torch.arange(5).expand(4, 5)))
+    pad = items == 0
+    for block in model.blocks:
+        h, _ = block(h, pad, None, 0.0)
+    next_item_loss(F.linear(model.norm(h), o), targets).backward()
+    torch.testing.assert_close(shared, e.grad + o.grad)
+    assert e.grad.abs().sum() > 0 and o.grad.abs().sum() > 0
+
+
+def test_loss_is_the_batch_mean_of_per_sample_sums():
+    torch.manual_seed(2)
+    scores = torch.randn(3, 4, 11)
+    targets = torch.tensor([[0, 3, 10, 1], [0, 0, 0, 5], [2, 2, 2, 2]])
+    per_sample = [sum(float(F.cross_entropy(scores[i, t, 1:], torch.tensor(targets[i, t] - 1)))
+                      for t in range(4) if targets[i, t] > 0) for i in range(3)]
+    torch.testing.assert_close(next_item_loss(scores, targets, "sample"), torch.tensor(per_sample))
+    assert float(next_item_loss(scores, targets)) == pytest.approx(sum(per_sample) / 3)
+    with pytest.raises(ValueError, match="reduction must be"):
+        next_item_loss(scores, targets, "token")
+
+
+def test_item_frequency_counts_windows_containing_each_item():
+    x = torch.tensor([[0, 1, 1], [2, 1, 3], [0, 0, 3]])
+    torch.testing.assert_close(item_frequency(x, 4), torch.tensor([0.0, 2 / 3, 1 / 3, 2 / 3, 0.0]))
+
+
+def test_model_registered_and_config_refuses_unknown_attention():
+    info = ScenarioInfo("r", 1, (7,), extra={"n_items": 9})
+    model = MODELS.get("seqrec")(info, dim=8)
+    assert model.max_len == 7 and model.output.out_features == 10
+    with pytest.raises(ValueError, match="attention must be one of"):
+        STRATEGIES.get("seqrec").Config(attention="sparse")
+
+
+def test_seqrec_learns_and_ndcg_hit_reach_the_record(tmp_path):
+    suite = parse_suite({"suite": "s", "seeds": [0], "scenarios": [{"name": "test_seqrec_cycles"}],
+                         "strategies": [{"name": "seqrec", "args": {"dim": 16, "epochs": 40, "batch_size": 16,
+                                                                     "lr": 0.01, "dropout": 0.0}}]})
+    (record,) = LocalExecutor().run_all(suite.run_specs("cpu"), tmp_path)
+    assert record.status == "finished", record.reason
+    assert set(record.matrices) == {"ndcg@10", "hit@10"}
+    assert [s["name"] for s in record.metric_specs if s["primary"]] == ["ndcg@10"]
+    assert record.matrices["hit@10"][0][0] == 1.0 and record.matrices["ndcg@10"][0][0] > 0.9
+    assert record.metrics["ndcg@10_last"] == pytest.approx(record.matrices["ndcg@10"][0][0])    # a fraction
+
+
+def test_private_training_feeds_reattention_the_calibrated_sigma():
+    privacy = pytest.importorskip("clbench.privacy")
+    scenario = cycles(users=24)
+    config = STRATEGIES.get("seqrec").Config(dim=8, epochs=2, batch_size=8, attention="reattention")
+    strategy = STRATEGIES.get("seqrec")(scenario.info, "cpu", config)
+    strategy.callbacks.attach([CallbackSpec("dp", {"epsilon": 8.0, "clip": 1.0})],
+                              CallbackContext(run_id="t", modules=strategy.modules,
+                                              n_train=len(scenario.train_stream[0].dataset)))
+    strategy.train(scenario.train_stream[0])
+    (dp,) = strategy.callbacks.callbacks
+    assert isinstance(dp, privacy.PrivateTraining) and dp.call.steps_taken > 0
+    sigma, batch = strategy._noise()
+    assert sigma == dp.call.sigma > 0 and batch == pytest.approx(dp.call.sample_rate * dp.call.n)
+    prior = strategy.model.error_prior()
+    assert prior.sigma_dp == sigma and prior.active
+    assert strategy.extra_metrics()["reattention_sigma_dp"] == sigma
