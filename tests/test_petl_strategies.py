@@ -59,6 +59,15 @@ def test_backbone_is_the_checkpoint_and_stays_bitwise_unchanged(name, scenario, 
     assert any(not torch.equal(p, q) for p, q in zip(trained.parameters(), petl_before))
 
 
+def test_init_path_names_the_scenario(scenario, checkpoint, tmp_path):
+    (tmp_path / "vit_synthetic.pt").write_bytes(open(checkpoint, "rb").read())
+    strategy = _strategy("lora", scenario, str(tmp_path / "vit_{scenario}.pt"))
+    saved = torch.load(checkpoint, weights_only=True)["state_dict"]
+    assert torch.equal(strategy.backbone.vit.pos_embed, saved["pos_embed"])
+    with pytest.raises(FileNotFoundError, match="run_bench.py pretrain"):
+        _strategy("lora", scenario, str(tmp_path / "missing_{scenario}.pt"))
+
+
 def test_trainable_pct_is_the_closed_form_over_the_backbone(scenario, checkpoint):
     strategy = _strategy("lora", scenario, checkpoint)
     vit_params = sum(p.numel() for n, p in MODELS.get("vit")(scenario.info, **VIT).named_parameters()
