@@ -5,7 +5,8 @@
     python run_bench.py --suite quick                       # run (the default command); resumes
     python run_bench.py --suite cifar100 --strategy replay --seeds 0 1 --device cuda --amp
     python run_bench.py list [--markdown]                  # scenarios, strategies, models, suites
-    python run_bench.py leaderboard --out results/quick    # rebuild CSV/markdown/plots from records
+    python run_bench.py leaderboard --out results/quick    # rebuild CSV/markdown/plots/report.md from records
+    python run_bench.py report --out results/quick         # the same; prints where report.md is
 
 A feature module adds a sub-command by registering a :class:`Command` in ``clbench.registry.COMMANDS``.
 """
@@ -143,7 +144,8 @@ def _run(args: argparse.Namespace) -> int:
     table, _ = _write_leaderboard(out)
     if not args.quiet_table:
         print((out / "leaderboard.md").read_text())
-    print(f"leaderboard: {out / 'leaderboard.csv'} ({len(table)} rows); {len(failed)} failed run(s) this time",
+    print(f"leaderboard: {out / 'leaderboard.csv'} ({len(table)} rows), report: {out / 'report.md'}; {len(failed)} "
+          "failed run(s) this time",
           file=sys.stderr)
     return 1 if failed else 0
 
@@ -182,13 +184,13 @@ def check_output_folder(out: Path) -> None:
 def _write_leaderboard(out: Path):
     """Leaderboard files and plots from the valid records in ``out``; every file in ``runs/`` that is not a record
     is reported by path on stderr and skipped. Returns ``(table, corrupt files)``."""
-    from clbench import leaderboard, report
+    from clbench import leaderboard, report, suite_report
 
     records, corrupt = record_files.load_dir(out)
     for problem in corrupt:
         print(f"warning: {problem}; skipped", file=sys.stderr)
     table = leaderboard.write(out, records)
-    report.plot(records, out)
+    suite_report.write(out, records, report.plot(records, out))
     return table, corrupt
 
 
@@ -227,6 +229,14 @@ def _show_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    """``report.md`` (with the leaderboard files and plots it shows); exit code 2 as for ``leaderboard``."""
+    _, corrupt = _write_leaderboard(Path(args.out))
+    print(f"report: {Path(args.out) / 'report.md'}"
+          + (f"; {len(corrupt)} file(s) in runs/ skipped (see above)" if corrupt else ""), file=sys.stderr)
+    return 2 if corrupt else 0
+
+
 def _leaderboard(args: argparse.Namespace) -> int:
     """Exit code 2 when a file in ``runs/`` was not a record (the table is still written from the others)."""
     table, corrupt = _write_leaderboard(Path(args.out))
@@ -248,6 +258,9 @@ COMMANDS.register("leaderboard")(Command(
     lambda p: p.add_argument("--out", required=True, help="a suite's output folder, e.g. results/quick; exit code 2 "
                                                         "when a file in its runs/ is not a run record (skipped)"),
     _leaderboard))
+COMMANDS.register("report")(Command(
+    "write report.md (leaderboard, plots, per-scenario summary, machine and code) from the records in --out",
+    lambda p: p.add_argument("--out", required=True, help="a suite's output folder, e.g. results/quick"), _report))
 
 
 # ---------------------------------------------------------------------------------------------------------- main

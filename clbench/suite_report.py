@@ -1,0 +1,171 @@
+"""``report.md``: one page per suite output folder, built from its run records only (and the plots of
+:mod:`clbench.report` drawn from the same records).
+
+Sections, in order:
+
+1. what was run: runs finished and failed, scenarios, strategies, seeds, when, total training time;
+2. per scenario, on its primary metric (:class:`~clbench.metrics.MetricSpec`): the best strategy for each summary
+   (``avg_inc``, ``last``, ``forgetting``, ``bwt``; direction from the spec, forgetting lower is better for a
+   higher-is-better metric), and a table ranking the continual strategies by ``avg_inc`` with their ``last``, the gap
+   ``last(joint) - last(strategy)`` to the joint upper bound (an offline row: trained on everything at once, one
+   row in its matrix; none in the suite: no gap) and their rank by forgetting;
+3. the plots: each scenario's score curves inline, its score-matrix heatmaps and parameter curve as links;
+4. the leaderboard (:func:`clbench.leaderboard.to_markdown`);
+5. failed runs with their reasons;
+6. machine and code version: machines, devices, package versions, git commits and code fingerprints of the records.
+
+The numbers are the leaderboard's (mean ± sample std over seeds, one row per run identity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from clbench import leaderboard, report
+from clbench import records as record_files
+from clbench.metrics import SUMMARIES, MetricSpec, primary
+
+# how each summary ranks: +1 best = highest, -1 best = lowest, for a higher-is-better metric
+DIRECTION = {"avg_inc": 1, "last": 1, "forgetting": -1, "bwt": 1}
+
+
+def _pm(row: pd.Series, column: str) -> str:
+    if pd.isna(row.get(column)):
+        return "–"
+    std = row.get(f"{column}_std")
+    return f"{row[column]:.2f} ± {'–' if pd.isna(std) else f'{std:.2f}'}"
+
+
+def _best(rows: pd.DataFrame, column: str, sign: int) -> pd.DataFrame:
+    """The rows with the best value of ``column`` (ties kept), best = highest for ``sign`` +1."""
+    values = pd.to_numeric(rows[column], errors="coerce")
+    if values.notna().sum() == 0:
+        return rows.iloc[:0]
+    best = values.max() if sign > 0 else values.min()
+    return rows[np.isclose(values, best, rtol=0, atol=1e-9)]
+
+
+def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> list[str]:
+    col = {summary: spec.column(summary) for summary in SUMMARIES}
+    sign = 1 if spec.higher_is_better else -1
+    offline = rows[rows[col["avg_inc"]].isna() & rows[col["last"]].notna()]
+    continual = rows[rows[col["avg_inc"]].notna()]
+    unit = f" ({spec.unit})" if spec.unit else ""
+    lines = [f"### {scenario}", "", f"Primary metric: `{spec.name}`{unit}; {len(continual)} continual "
+             f"strategies, {len(offline)} offline (joint) row(s).", ""]
+    for summary in SUMMARIES:
+        pool = rows if summary == "last" else continual
+        best = _best(pool, col[summary], sign * DIRECTION[summary])
+        if len(best):
+            names = ", ".join(f"`{s}`" for s in best["strategy"])
+            lines.append(f"- best `{col[summary]}` ({'lowest' if sign * DIRECTION[summary] < 0 else 'highest'}): "
+                         f"{names} with {_pm(best.iloc[0], col[summary])}")
+    joint = _best(offline, col["last"], sign)
+    if len(joint):
+        upper = joint.iloc[0]
+        lines.append(f"- joint upper bound: `{upper['strategy']}`, `{col['last']}` {_pm(upper, col['last'])}")
+    else:
+        lines.append("- no offline (joint) row in this suite: no upper bound to compare with")
+    if not len(continual):
+        return [*lines, ""]
+    forgetting = pd.to_numeric(continual[col["forgetting"]], errors="coerce") * sign
+    forget_rank = forgetting.rank(method="min", na_option="bottom").astype(int)
+    header = ["rank", "strategy", "seeds", col["avg_inc"], col["last"],
+              f"gap to joint ({col['last']})", col["forgetting"], "forgetting rank"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for k, (index, row) in enumerate(continual.iterrows(), start=1):      # leaderboard order: best avg_inc first
+        gap = "–" if not len(joint) or pd.isna(row[col["last"]]) else \
+            f"{sign * (upper[col['last']] - row[col['last']]):.2f}"
+        cells = [str(k), f"`{row['strategy']}`", str(row["n_seeds"]), _pm(row, col["avg_inc"]),
+                 _pm(row, col["last"]), gap, _pm(row, col["forgetting"]), str(forget_rank[index])]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines.append("")
+    if len(joint):
+        lines += [f"Gap to joint: `{col['last']}` of `{upper['strategy']}` minus the strategy's (positive: below "
+                  "the upper bound). Forgetting rank 1 = least forgetting.", ""]
+    return lines
+
+
+def _plots_section(plots: Sequence[Path], out_dir: Path, scenarios: list[str]) -> list[str]:
+    """Each scenario's curves inline, its heatmaps and parameter curve as links (file names start with the
+    scenario's safe name, see :func:`clbench.report.figures`)."""
+    lines = ["## Plots", ""]
+    names = sorted(p.relative_to(out_dir).as_posix() for p in plots)
+    for scenario in scenarios:
+        prefix = f"plots/{report._safe(scenario)}__"
+        mine = [n for n in names if n.startswith(prefix)]
+        curves = [n for n in mine if not n.endswith("__matrix.png") and not n.endswith("__params.png")]
+        lines += [f"### {scenario}", ""] + [f"![{Path(n).stem}]({n})" for n in curves] + [""]
+        matrices = [n for n in mine if n.endswith("__matrix.png")]
+        if matrices:
+            links = ", ".join(f"[{_matrix_label(n, scenario)}]({n})" for n in matrices)
+            lines += [f"Score matrices R[i, j] (mean over seeds): {links}", ""]
+        lines += [f"Parameters per step: [plot]({n})" for n in mine if n.endswith("__params.png")] + [""]
+    return lines
+
+
+def _matrix_label(name: str, scenario: str) -> str:
+    """``plots/<scenario>__<strategy>__<metric>__matrix.png`` -> ``<strategy> · <metric>``."""
+    stem = Path(name).stem.removeprefix(f"{report._safe(scenario)}__").removesuffix("__matrix")
+    return stem.replace("__", " · ")
+
+
+def _provenance(records: list[dict]) -> list[str]:
+    envs = [r.get("env") or {} for r in records]
+    packages = sorted({f"{k} {v}" for e in envs for k, v in (e.get("packages") or {}).items() if v})
+    commits = sorted({(e.get("git_commit") or "unknown")[:10] for e in envs})
+    fingerprints = sorted({r.get("code_fingerprint") or "unknown" for r in records})
+    return ["## Machine and code", "",
+            f"- machine: {'; '.join(sorted({e.get('machine', 'unknown') for e in envs}))}",
+            f"- device: {', '.join(sorted({e.get('device', 'unknown') for e in envs}))}; python "
+            f"{', '.join(sorted({e.get('python', '?') for e in envs}))}",
+            f"- packages: {', '.join(packages) or 'unknown'}",
+            f"- git commit(s) of the runs: {', '.join(commits)}",
+            f"- code fingerprints ({len(fingerprints)}): {', '.join(fingerprints)} (per row in leaderboard.csv)", ""]
+
+
+def render(records: list[dict], plots: Sequence[Path], out_dir: str | Path) -> str:
+    """The markdown of ``report.md`` for ``records`` and the ``plots`` written under ``out_dir``."""
+    out_dir = Path(out_dir)
+    table = leaderboard.build(records)
+    finished = [r for r in records if r["status"] == "finished"]
+    suites = sorted({r["spec"]["suite"] for r in records})
+    times = sorted(t for r in records for t in (r.get("started"), r.get("finished")) if t)
+    train_s = sum(r["metrics"].get("train_s") or 0 for r in finished)
+    scenarios = list(dict.fromkeys(table["scenario"])) if len(table) else []
+    lines = [f"# Report: {', '.join(suites) or 'no runs'}", "",
+             f"Built from the {len(records)} run records in `{out_dir.as_posix()}/runs/` only "
+             f"({len(finished)} finished, {len(records) - len(finished)} failed): {len(scenarios)} scenario(s), "
+             f"{table['strategy'].nunique() if len(table) else 0} strategy row(s), seeds "
+             f"{', '.join(str(s) for s in sorted({r['seed'] for r in records}))}."
+             + (f" Runs from {times[0]} to {times[-1]}; {train_s / 60:.1f} min of training in total." if times else ""),
+             "", "## Summary per scenario", ""]
+    for scenario in scenarios:
+        rows = table[table["scenario"] == scenario]
+        first = next(r for r, (sc, _) in zip(records, leaderboard.row_labels(records)) if sc == scenario)
+        lines += _scenario_section(scenario, rows, primary(leaderboard.metric_specs(first)))
+    lines += _plots_section(plots, out_dir, scenarios)
+    lines += ["## Leaderboard", "", leaderboard.to_markdown(table).rstrip(), ""]
+    failed = [r for r in records if r["status"] != "finished"]
+    if failed:
+        lines += ["## Failed runs", ""] + [f"- `{r['run_id']}`: {r.get('reason') or 'no reason recorded'}"
+                                           for r in failed] + [""]
+    lines += _provenance(records)
+    return "\n".join(lines)
+
+
+def write(out_dir: str | Path, records: list[dict] | None = None, plots: Sequence[Path] | None = None) -> Path:
+    """Write ``<out_dir>/report.md`` from ``records`` (default: the folder's records) and ``plots`` (default: drawn
+    now with :func:`clbench.report.plot`); returns its path."""
+    out_dir = Path(out_dir)
+    if records is None:
+        records, _ = record_files.load_dir(out_dir)
+    if plots is None:
+        plots = report.plot(records, out_dir)
+    path = out_dir / "report.md"
+    path.write_text(render(records, plots, out_dir))
+    return path
