@@ -76,3 +76,115 @@ def test_markdown_has_suite_and_overrides_and_sorts_by_the_primary_metric(tmp_pa
 def test_missing_runs_folder_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="run a suite first"):
         leaderboard.load_records(tmp_path)
+
+
+HEADER = ("| suite | scenario | strategy | preset | overrides | seeds | avg_inc_acc | last_acc | forgetting | bwt | "
+          "params_M | params_added_M | train_s | peak_mem_MB |")
+
+
+def test_markdown_is_exactly_title_header_rows_and_machines():
+    """The whole markdown of a small table: title, header, separator, one row per identity (mean ± sample std,
+    "–" for the std of one seed, "(N failed)" after the seed count, costs with their decimals, "|" escaped in a
+    cell), then the machines."""
+    records = [_record("naive", 0, 40.0, 20.0), _record("naive", 1, 50.0, 30.0),
+               _record("naive", 2, 0, 0, status="failed"),
+               _record("replay", 0, 70.0, 60.0, label="rp", args={"mem_size": 200, "tag": "a|b"})]
+    records[-1]["env"]["machine"] = "gpu: other"
+    records[-1]["metrics"].update(params_M=12.34567, params_added_M=0.0005, train_s=99.96, peak_mem_MB=None)
+    md = leaderboard.to_markdown(leaderboard.build(records), "Title")
+    assert md.splitlines() == [
+        "# Title", "", HEADER, "|" + "---|" * 14,
+        "| s | synthetic | rp | cpu | mem_size=200, tag=a\\|b | 1 | 70.00 ± – | 60.00 ± – | 10.00 ± – | -5.00 ± – "
+        "| 12.346 | 0.001 | 100.0 | – |",
+        "| s | synthetic | naive | cpu | – | 2 (1 failed) | 45.00 ± 7.07 | 25.00 ± 7.07 | 10.00 ± 0.00 | -5.00 ± 0.00 "
+        "| 1.000 | 0.500 | 2.0 | 3.0 |",
+        "", "Machine: cpu: test; gpu: other"]
+    assert md.endswith("\n") and not md.endswith("\n\n")
+
+
+def test_markdown_without_title_or_machines_and_an_all_failed_row():
+    """No title line without a title; no machine line when no finished record has one; a row whose every seed
+    failed shows 0 seeds, its failures and "–" everywhere."""
+    records = [_record("naive", 0, 0, 0, status="failed"), _record("naive", 1, 0, 0, status="failed")]
+    md = leaderboard.to_markdown(leaderboard.build(records)).splitlines()
+    assert md == [HEADER, "|" + "---|" * 14,
+                  "| s | synthetic | naive | cpu | – | 0 (2 failed) | – | – | – | – | – | – | – | – |"]
+
+
+def test_every_column_is_the_mean_over_finished_seeds_with_stds_for_scores_only():
+    records = [_record("naive", 0, 40.0, 20.0), _record("naive", 1, 50.0, 30.0)]
+    records[1]["metrics"].update(forgetting=20.0, bwt=-7.0, trainable_params_M=3.0, eval_s=5.0, params_added_M=1.5)
+    row = leaderboard.build(records).iloc[0]
+    assert row["forgetting"] == pytest.approx(15.0) and row["forgetting_std"] == pytest.approx(7.0710678)
+    assert row["bwt"] == pytest.approx(-6.0) and row["bwt_std"] == pytest.approx(1.4142136)
+    assert row["trainable_params_M"] == pytest.approx(2.0) and row["eval_s"] == pytest.approx(3.0)
+    assert row["params_added_M"] == pytest.approx(1.0) and row["train_s"] == pytest.approx(2.0)
+    assert row["params_M"] == pytest.approx(1.0) and row["peak_mem_MB"] == pytest.approx(3.0)
+    assert row["preset"] == "cpu" and row["overrides"] == "–" and row["machine"] == "cpu: test"
+    assert row["code_fingerprint"] == "c" * 16 and row["primary_metric"] == "accuracy"
+    assert "train_s_std" not in row and "params_M_std" not in row
+
+
+def test_rows_are_ordered_by_suite_then_scenario_then_primary_metric_then_label():
+    def rec(suite, scenario, strategy, avg, preset="cpu"):
+        r = _record(strategy, 0, avg, avg)
+        r["spec"]["suite"], r["spec"]["scenario"]["name"], r["spec"]["strategy"]["preset"] = suite, scenario, preset
+        return r
+
+    records = [rec("b", "a_scn", "x", 90.0), rec("a", "z_scn", "x", 10.0), rec("a", "a_scn", "y", 50.0),
+               rec("a", "a_scn", "x", 50.0, preset=None), rec("a", "a_scn", "w", 60.0)]
+    table = leaderboard.build(records)
+    assert list(zip(table["suite"], table["scenario"], table["strategy"])) == [
+        ("a", "a_scn", "w"), ("a", "a_scn", "x"), ("a", "a_scn", "y"), ("a", "z_scn", "x"), ("b", "a_scn", "x")]
+    assert list(table["preset"]) == ["cpu", "default", "cpu", "cpu", "cpu"]
+
+
+def test_a_lower_is_better_primary_metric_sorts_ascending():
+    spec = {"name": "loss", "unit": "", "higher_is_better": False, "primary": True, "columns": {}}
+    records = []
+    for strategy, value in (("a", 3.0), ("b", 1.0), ("c", 2.0)):
+        r = _record(strategy, 0, None, None)
+        r["metric_specs"] = [spec]
+        r["metrics"].update({"loss_avg_inc": value, "loss_last": value})
+        records.append(r)
+    table = leaderboard.build(records)
+    assert list(table["strategy"]) == ["b", "c", "a"] and table.attrs["primary_columns"][0] == "loss_avg_inc"
+    assert "| loss_avg_inc | loss_last | loss_forgetting | loss_bwt |" in leaderboard.to_markdown(table)
+
+
+def test_labels_name_the_differing_scenario_and_strategy_keys():
+    """Records under one label with different identities: the differing keys tag the label, strings unquoted,
+    numbers as JSON, an absent key as "–", code fingerprints cut to 7 characters."""
+    a, b = _record("ewc", 0, 50.0, 40.0, args={"lam": 1}), _record("ewc", 1, 51.0, 41.0, args={"mode": "online"})
+    b["spec"]["scenario"]["args"] = {"n_classes": 4}
+    labels = leaderboard.row_labels([a, b])
+    assert labels == [("synthetic [n_classes=–]", "ewc [lam=1, mode=–]"),
+                      ("synthetic [n_classes=4]", "ewc [lam=–, mode=online]")]
+    same = leaderboard.row_labels([_record("ewc", 0, 1, 1, label="e"), _record("ewc", 1, 1, 1, label="e")])
+    assert same == [("synthetic", "e"), ("synthetic", "e")]
+
+
+def test_an_empty_runs_folder_gives_a_header_only_leaderboard(tmp_path):
+    (tmp_path / "runs").mkdir()
+    table = leaderboard.write(tmp_path)
+    assert table.empty and list(table.columns) == ["suite", "scenario", "strategy", "n_seeds"]
+    assert (tmp_path / "leaderboard.md").read_text() == f"# Leaderboard: \n\n{HEADER}\n|{'---|' * 14}\n"
+    assert pd.read_csv(tmp_path / "leaderboard.csv").columns.tolist() == ["suite", "scenario", "strategy", "n_seeds"]
+
+
+def test_write_titles_the_markdown_with_the_suites_and_rounds_the_csv(tmp_path):
+    records = [_record("naive", 0, 40.123456, 20.0)]
+    other = _record("naive", 0, 30.0, 20.0)
+    other["spec"]["suite"] = "a"
+    table = leaderboard.write(tmp_path, records + [other])
+    assert (tmp_path / "leaderboard.md").read_text().splitlines()[0] == "# Leaderboard: a, s"
+    assert list(table["suite"]) == ["a", "s"]
+    assert "40.1235," in (tmp_path / "leaderboard.csv").read_text()
+    assert "leaderboard.md" in {p.name for p in tmp_path.iterdir()}
+
+
+def test_missing_runs_folder_message_is_exact(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        leaderboard.load_records(tmp_path)
+    assert str(info.value) == (f"no run records in {tmp_path / 'runs'}: run a suite first "
+                               "(python run_bench.py --suite NAME).")

@@ -76,3 +76,28 @@ def test_seen_accuracy_weights_by_size():
 def test_malformed_matrices_are_rejected(bad, match):
     with pytest.raises(ValueError, match=match):
         summarize(bad, [1] * max(1, len(bad[0])))
+
+
+def test_primary_is_the_marked_spec_else_the_first():
+    a, b = MetricSpec("a"), MetricSpec("b")
+    assert metrics.primary([a, b]) is a
+    assert metrics.primary([a, MetricSpec("c", primary=True)]).name == "c"
+
+
+def test_metric_spec_round_trips_through_its_dict():
+    """What a record stores (``metric_specs``) reads back as the same spec (the leaderboard and plots rebuild it)."""
+    assert MetricSpec(**ACCURACY.to_dict()) == ACCURACY
+    assert ACCURACY.to_dict()["columns"]["last"] == "last_acc"
+
+
+def test_summarize_passes_offline_on():
+    """An offline run through ``summarize`` (the runner's entry point): one row, only the last columns."""
+    m = metrics.summarize({"accuracy": [[0.5, 1.0]]}, [10, 30], [ACCURACY], offline=True)
+    assert m == {"avg_inc_acc": None, "last_acc": pytest.approx(100 * 35 / 40), "forgetting": None, "bwt": None}
+
+
+def test_boolean_and_integer_matrices_are_read_as_float_fractions():
+    """Entries of any real type are read as float64: a 0/1 (correct/incorrect) matrix summarizes like its floats."""
+    as_bool = summarize([[True, False], [False, True]], [1, 3])
+    assert as_bool == summarize([[1.0, 0.0], [0.0, 1.0]], [1, 3])
+    assert as_bool["forgetting"] == pytest.approx(100.0) and as_bool["last_acc"] == pytest.approx(75.0)

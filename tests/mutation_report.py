@@ -1,0 +1,124 @@
+"""`make mutation`: mutation testing of the core that decides numbers and settings, one mutmut run per group.
+
+Usage: ``python tests/mutation_report.py [GROUP ...] [--survivors]``. The groups and their tests are
+``[tool.clbench.mutation]`` in pyproject.toml (``mutate``: files; ``tests``: pytest arguments: the fast tests that
+matter for those files); the other mutmut settings come from ``[tool.mutmut]``. Each group runs in a fresh copy of
+the working tree under ``build/mutation/<group>/`` (mutmut keeps stale unmutated modules in its ``mutants/`` copy,
+and a fresh copy keeps one group's run from reading another's), niced, one mutant at a time (``--max-children 1``).
+
+Printed per group and in ``build/mutation/report.md``: mutants, killed (a test failed or a mutant timed out),
+survived, no test reaches it (counts as not killed), and the score ``killed / mutants``; with ``--survivors`` the
+diff of every surviving mutant (``mutmut show``), else their names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "build" / "mutation"
+COPIED = ("clbench", "tests", "README.md", "docs", "run_bench.py")
+KILLED = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout"}
+STATUS = {0: "survived", 5: "no tests", 33: "no tests", None: "not checked"}
+
+
+def _toml(value) -> str:
+    """A TOML value for strings, booleans, numbers and lists of them (JSON spells them the same way)."""
+    return json.dumps(value)
+
+
+def prepare(group: str, spec: dict, base: dict, pytest_ini: dict) -> Path:
+    """A fresh copy of the tree for ``group`` with a pyproject.toml that mutates only its files with its tests."""
+    work = WORK / group
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, work / name, ignore=ignore)
+        elif source.exists():
+            shutil.copy2(source, work / name)
+    mutmut = {**base, "only_mutate": spec["mutate"], "pytest_add_cli_args_test_selection": spec["tests"]}
+    lines = ["[tool.pytest.ini_options]", *(f"{k} = {_toml(v)}" for k, v in pytest_ini.items()), "",
+             "[tool.mutmut]", *(f"{k} = {_toml(v)}" for k, v in mutmut.items())]
+    (work / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    return work
+
+
+def statuses(work: Path, files: list[str]) -> dict[str, str]:
+    """``{mutant name: status}`` from mutmut's ``mutants/<file>.meta`` of each mutated file."""
+    out = {}
+    for file in files:
+        meta = work / "mutants" / f"{file}.meta"
+        if not meta.exists():
+            raise SystemExit(f"{meta} is missing: mutmut did not finish in {work} (see its output above).")
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            out[name] = KILLED.get(code) or STATUS.get(code, f"suspicious (exit {code})")
+    return out
+
+
+def summary_row(group: str, found: dict[str, str], seconds: float) -> tuple[str, float]:
+    counts = Counter("killed" if s in ("killed", "timeout") else s for s in found.values())
+    total = len(found)
+    score = 100.0 * counts["killed"] / total if total else float("nan")
+    other = total - counts["killed"] - counts["survived"] - counts["no tests"]
+    return (f"| {group} | {total} | {counts['killed']} | {counts['survived']} | {counts['no tests']} | {other} | "
+            f"{score:.1f}% | {seconds / 60:.1f} |", score)
+
+
+def main(argv: list[str]) -> int:
+    show = "--survivors" in argv
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    groups: dict[str, dict] = config["tool"]["clbench"]["mutation"]
+    chosen = [a for a in argv if not a.startswith("--")] or list(groups)
+    unknown = [g for g in chosen if g not in groups]
+    if unknown:
+        print(f"unknown group(s) {unknown}; groups: {', '.join(groups)}", file=sys.stderr)
+        return 2
+    mutmut = Path(sys.executable).parent / "mutmut"
+    env = {**os.environ, "CLBENCH_JOBS": "1", "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    for group in chosen:
+        spec = groups[group]
+        work = prepare(group, spec, config["tool"]["mutmut"], config["tool"]["pytest"]["ini_options"])
+        print(f"== {group}: {', '.join(spec['mutate'])} ({work})", flush=True)
+        start = time.perf_counter()
+        done = subprocess.run(["nice", "-n", "10", str(mutmut), "run", "--max-children", "1"], cwd=work, env=env,
+                              stdout=subprocess.DEVNULL)
+        if done.returncode != 0:
+            print(f"mutmut failed in {work} (exit {done.returncode}); run it there to see why: "
+                  f"cd {work} && {mutmut} run --max-children 1", file=sys.stderr)
+            return 1
+        found = statuses(work, spec["mutate"])
+        row, _ = summary_row(group, found, time.perf_counter() - start)
+        print(row, flush=True)
+        names = sorted(n for n, s in found.items() if s not in ("killed", "timeout"))
+        lines = [f"## {group}: {len(names)} not killed", ""]
+        for name in names:
+            if show:
+                diff = subprocess.run([str(mutmut), "show", name], cwd=work, env=env, capture_output=True,
+                                      text=True).stdout
+                lines += [f"### {name} ({found[name]})", "```diff", diff.strip(), "```"]
+            else:
+                lines.append(f"- {name} ({found[name]})")
+        (work / "result.json").write_text(json.dumps({"row": row, "survivors": lines}))
+    results = [json.loads(p.read_text()) for g in groups if (p := WORK / g / "result.json").exists()]
+    text = "\n".join(["# Mutation testing", "",
+                      "| group | mutants | killed | survived | no test reaches it | other | score | minutes |",
+                      "|---|---|---|---|---|---|---|---|", *(r["row"] for r in results), "",
+                      *(line for r in results for line in [*r["survivors"], ""])])
+    (WORK / "report.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,234 @@
+"""Round trips of a suite's settings: every field of every entry of every shipped suite YAML reaches the RunSpec,
+the scenario factory, the strategy's Config and the run record unchanged; ``RunSpec.from_dict(spec.to_dict()) ==
+spec``; the identity hash ignores key order and device/amp and changes with any field that makes another experiment.
+
+A setting that is dropped on the way (a scenario's ``args``, a strategy's ``preset``, a ``dp`` block) gives a run of
+another experiment under the suite's name: the worst kind of wrong number, since nothing fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import yaml
+
+import tests._fakes  # noqa: F401  (registers the fake strategies)
+from clbench import config, runner
+from clbench.config import RunSpec, ScenarioEntry, StrategyEntry, SuiteSpec
+
+SUITES = sorted(config.shipped_suites())
+
+
+def _raw(name: str) -> dict:
+    return yaml.safe_load(config.shipped_suites()[name].read_text())
+
+
+def _entry(item) -> dict:
+    return {"name": item} if isinstance(item, str) else item
+
+
+def _same(a, b) -> bool:
+    """Equal after YAML → typed coercion (``1`` may become ``1.0``, a list a tuple); floats compared exactly."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def _callbacks_of(item: dict) -> list[dict]:
+    """The callback entries a raw strategy entry must become: its ``callbacks`` (a bare name is ``{name, args: {}}``),
+    then its ``dp`` block as the ``dp`` callback."""
+    out = [{"name": c, "args": {}} if isinstance(c, str) else {"args": {}, **c} for c in item.get("callbacks", [])]
+    if "dp" in item:
+        out.append({"name": "dp", "args": item["dp"]})
+    return out
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_every_field_of_every_shipped_suite_reaches_the_run_specs(suite):
+    """Suite name, description, seeds, and per entry: name, label, args (scenario), preset, args, label, callbacks
+    and dp (strategy) are in the SuiteSpec and in every RunSpec of the cross product, in the file's order; no other
+    key of an entry is silently dropped (every raw key is checked, so a key added to the schema is covered)."""
+    raw, spec = _raw(suite), config.load_suite(suite)
+    assert spec.name == raw["suite"] and spec.seeds == tuple(raw.get("seeds", [0]))
+    assert spec.description == str(raw.get("description", ""))
+    handled = {"name", "label", "args", "preset", "callbacks", "dp"}
+    scenarios = [_entry(s) for s in raw["scenarios"]]
+    strategies = [_entry(s) for s in raw["strategies"]]
+    assert [s.name for s in spec.scenarios] == [s["name"] for s in scenarios]
+    assert [s.name for s in spec.strategies] == [s["name"] for s in strategies]
+    for item, entry in zip(scenarios, spec.scenarios):
+        assert set(item) <= handled
+        assert entry.label == item.get("label", "") and _same(entry.args, item.get("args", {})), (suite, item)
+    for item, entry in zip(strategies, spec.strategies):
+        assert set(item) <= handled
+        assert entry.label == item.get("label", "") and entry.preset == item.get("preset"), (suite, item)
+        assert _same(entry.args, item.get("args", {})), (suite, item)
+        assert _same(list(entry.callbacks), _callbacks_of(item)), (suite, item)
+    runs = spec.run_specs()
+    assert [(r.scenario, r.strategy, r.seed) for r in runs] == [
+        (sc, st, seed) for sc in spec.scenarios for st in spec.strategies for seed in spec.seeds]
+    assert all(r.suite == raw["suite"] for r in runs)
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_every_run_spec_survives_to_dict_from_dict_and_json(suite):
+    """``RunSpec.from_dict(spec.to_dict()) == spec``, with device and amp set; through JSON (what resume and the Ray
+    executor read back from a record) the spec has the same dict (tuples read back as lists), identity hash and
+    run id."""
+    for spec in config.load_suite(suite).run_specs(device="cpu", amp=True):
+        assert RunSpec.from_dict(spec.to_dict()) == spec
+        data = json.loads(json.dumps(spec.to_dict()))
+        back = RunSpec.from_dict(data)
+        assert json.loads(json.dumps(back.to_dict())) == data and back.device == "cpu" and back.amp is True
+        assert config.config_hash(back.identity()) == config.config_hash(spec.identity()) and back.run_id == spec.run_id
+
+
+def test_from_dict_defaults_device_and_amp_and_reads_callbacks_back_as_a_tuple():
+    spec = RunSpec("s", ScenarioEntry("synthetic", {"n_classes": 4}, "lab"),
+                   StrategyEntry("naive", {"epochs": 1}, "n1", "cpu", ({"name": "hook_trace", "args": {}},)), 3)
+    d = spec.to_dict()
+    del d["device"], d["amp"]
+    back = RunSpec.from_dict(json.loads(json.dumps(d)))
+    assert back.device == "auto" and back.amp is False
+    assert back == spec and isinstance(back.strategy.callbacks, tuple)
+
+
+class _Recorded(Exception):
+    """Stops a run once the scenario factory and the strategy have received their settings."""
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_every_setting_reaches_the_scenario_factory_and_the_strategy_config(suite, monkeypatch):
+    """What the runner hands the scenario factory is the entry's args plus the seed; the Config the strategy gets
+    is the strategy's defaults, then its preset, then the suite's args (model_args included). No data is loaded:
+    the factory is replaced by a recorder."""
+    received: list = []
+
+    class FakeRegistry:
+        def get(self, name):
+            def factory(**kwargs):
+                received.append((name, kwargs))
+                raise _Recorded
+
+            return factory
+
+    monkeypatch.setattr(runner, "SCENARIOS", FakeRegistry())
+    for spec in config.load_suite(suite).run_specs():
+        received.clear()
+        with pytest.raises(_Recorded):
+            runner.build_scenario(spec)
+        assert received == [(spec.scenario.name, {"seed": spec.seed, **spec.scenario.args})]
+        built = config.build_config(spec.strategy.name, spec.strategy.preset, spec.strategy.args)
+        preset = spec.strategy.preset and runner.STRATEGIES.get(spec.strategy.name).PRESETS[spec.strategy.preset]
+        for key, value in {**(preset or {}), **spec.strategy.args}.items():
+            assert _same(getattr(built, key), value), (suite, spec.run_id, key)
+
+
+def test_every_setting_reaches_the_run_record(tmp_path):
+    """A tiny run through the runner: the record's spec is the RunSpec (it reads back equal), its identity hash is
+    that of ``spec.identity()``, its resolved strategy config holds preset and args, its seed and run id match, and
+    the callbacks of the entry were attached (hook_trace wrote its file)."""
+    spec = RunSpec("rt", ScenarioEntry("synthetic", {"n_classes": 4, "n_experiences": 2, "train_per_class": 4,
+                                                     "test_per_class": 3}, "syn4"),
+                   StrategyEntry("test_increasing_logits", {"extra": 2.5}, "inc", "cpu",
+                                 ({"name": "hook_trace", "args": {"batches": 3}},)), 7, "cpu")
+    record = runner.run(spec, tmp_path)
+    assert record.status == "finished", record.reason
+    data = json.loads((tmp_path / "runs" / "syn4__inc__s7.json").read_text())
+    assert RunSpec.from_dict(data["spec"]) == spec
+    assert data["run_id"] == spec.run_id == "syn4__inc__s7" and data["seed"] == 7
+    assert data["identity_hash"] == config.config_hash(spec.identity())
+    assert data["strategy_config"] == {"interrupt_at_seed": -1, "extra": 2.5}
+    assert data["metrics"]["extra"]["answer"] == 2.5                     # the overridden field reached the strategy
+    assert (tmp_path / "artifacts" / spec.run_id / "hooks.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------------------------------ identity
+def _reorder(value):
+    """The same mapping with every dict's keys in reverse order, recursively."""
+    if isinstance(value, dict):
+        return {k: _reorder(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reorder(v) for v in value]
+    return value
+
+
+def _base() -> RunSpec:
+    return RunSpec("s", ScenarioEntry("synthetic", {"n_classes": 4, "n_experiences": 2}, "syn"),
+                   StrategyEntry("replay", {"mem_size": 50, "lr": 0.01}, "rp", "cpu",
+                                 ({"name": "hook_trace", "args": {"batches": 2}},)), 0)
+
+
+def test_identity_hash_ignores_key_order_device_and_amp():
+    spec = _base()
+    identity = spec.identity()
+    assert list(_reorder(identity)) != list(identity)
+    assert config.config_hash(_reorder(identity)) == config.config_hash(identity)
+    assert config.config_hash(json.loads(json.dumps(identity))) == config.config_hash(identity)
+    same = dataclasses.replace(spec, device="cuda", amp=True)
+    assert config.config_hash(same.identity()) == config.config_hash(identity)
+    flipped = dataclasses.replace(spec, strategy=dataclasses.replace(spec.strategy, args={"lr": 0.01, "mem_size": 50}))
+    assert config.config_hash(flipped.identity()) == config.config_hash(identity)
+
+
+def _variants(spec: RunSpec) -> dict[str, RunSpec]:
+    sc, st = spec.scenario, spec.strategy
+    return {
+        "suite": dataclasses.replace(spec, suite="t"),
+        "seed": dataclasses.replace(spec, seed=1),
+        "scenario name": dataclasses.replace(spec, scenario=dataclasses.replace(sc, name="split_digits", args={})),
+        "scenario args": dataclasses.replace(spec, scenario=dataclasses.replace(sc, args={**sc.args, "n_classes": 6})),
+        "scenario label": dataclasses.replace(spec, scenario=dataclasses.replace(sc, label="other")),
+        "strategy name": dataclasses.replace(spec, strategy=dataclasses.replace(st, name="naive", args={})),
+        "strategy args": dataclasses.replace(spec, strategy=dataclasses.replace(st, args={**st.args, "mem_size": 51})),
+        "strategy label": dataclasses.replace(spec, strategy=dataclasses.replace(st, label="other")),
+        "preset": dataclasses.replace(spec, strategy=dataclasses.replace(st, preset=None)),
+        "callback args": dataclasses.replace(spec, strategy=dataclasses.replace(
+            st, callbacks=({"name": "hook_trace", "args": {"batches": 3}},))),
+        "no callbacks": dataclasses.replace(spec, strategy=dataclasses.replace(st, callbacks=())),
+    }
+
+
+@pytest.mark.parametrize("field", list(_variants(_base())))
+def test_identity_hash_changes_with_every_field(field):
+    spec = _base()
+    assert config.config_hash(_variants(spec)[field].identity()) != config.config_hash(spec.identity())
+
+
+def test_identity_holds_the_resolved_config_so_a_changed_default_is_another_run():
+    """The resolved hyperparameters (defaults + preset + args) are part of the identity: a preset that changes a
+    field changes the hash even when the suite's args are the same."""
+    spec = _base()
+    resolved = spec.identity()["strategy"]["resolved"]
+    assert resolved == config.config_dict(config.build_config("replay", "cpu", {"mem_size": 50, "lr": 0.01}))
+    assert resolved["mem_size"] == 50 and resolved["lr"] == 0.01
+
+
+def test_config_hash_is_twelve_hex_digits_of_sorted_json():
+    assert config.config_hash({"b": 1, "a": [1, 2]}) == config.config_hash({"a": [1, 2], "b": 1})
+    assert config.config_hash({"a": 1}) != config.config_hash({"a": 1.5}) != config.config_hash({"a": "1"})
+    digest = config.config_hash({"a": 1})
+    assert len(digest) == 12 and int(digest, 16) >= 0
+    import hashlib
+    assert digest == hashlib.sha256(b'{"a": 1}').hexdigest()[:12]
+
+
+def test_parse_suite_keeps_labels_presets_seeds_and_coerced_args():
+    """A suite written by hand (not shipped) with every kind of field: labels, preset, callbacks as a bare name,
+    seeds, a string number coerced to the field's type."""
+    data = {"suite": "hand", "description": "d", "seeds": [3, 1],
+            "scenarios": [{"name": "synthetic", "label": "syn", "args": {"n_classes": 4}}, "split_digits"],
+            "strategies": [{"name": "replay", "preset": "cpu", "label": "r", "args": {"lr": "1e-3", "mem_size": 9},
+                            "callbacks": ["hook_trace"]},
+                           {"name": "naive"}]}
+    spec = config.parse_suite(data, "hand.yaml")
+    assert spec == SuiteSpec(
+        "hand", (ScenarioEntry("synthetic", {"n_classes": 4}, "syn"), ScenarioEntry("split_digits")),
+        (StrategyEntry("replay", {"lr": 0.001, "mem_size": 9}, "r", "cpu", ({"name": "hook_trace", "args": {}},)),
+         StrategyEntry("naive")), (3, 1), "d", "hand.yaml")
+    assert isinstance(spec.strategies[0].args["lr"], float) and math.isclose(spec.strategies[0].args["lr"], 1e-3)
