@@ -1,6 +1,7 @@
 # make bench : create .venv if needed, install, run the quick suite (split_digits, embedded, no download)
 # make test  : create .venv if needed, install, run the test suite
 # make lint  : ruff
+# make mutation : mutmut over the core modules, score per module + surviving mutants (docs/testing.md; slow)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,7 +13,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # torch is pinned to the tested build; pip takes it from the local wheel cache where one exists
 TORCH := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: bench test lint venv clean-venv
+.PHONY: bench test lint mutation venv clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +32,9 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check clbench tests benchmarks run_bench.py
+
+mutation: $(STAMP)
+	$(PY) tests/mutation_report.py --survivors
 
 clean-venv:
 	rm -rf $(VENV)
