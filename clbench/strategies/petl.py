@@ -225,7 +225,7 @@ class PETLStrategy(StrategyBase):
 
 
 class SharedPETL(PETLStrategy):
-    summary = "One module set trained sequentially, incremental classifier, optional replay:"
+    summary = "PETL, one module set shared by all experiences (optional replay):"
     Config = SharedConfig
 
     def first_model(self) -> nn.Module:
@@ -278,7 +278,7 @@ class _SetPerExperience(PETLStrategy):
 
 
 class PerTaskPETL(_SetPerExperience):
-    summary = "A module set per experience, chosen by task label (task-IL) or nearest class prototype (class-IL):"
+    summary = "PETL, a module set per experience, routed by task label or nearest prototype:"
     Config = PerTaskConfig
 
     def __init__(self, info: ClassificationInfo, device: torch.device | str, config: PETLStrategyConfig) -> None:
@@ -329,7 +329,7 @@ class PerTaskPETL(_SetPerExperience):
 
 
 class MergedPETL(_SetPerExperience):
-    summary = "Module sets trained per experience from one initial state, deployed as their parameter average:"
+    summary = "PETL, per-experience module sets merged by parameter averaging:"
 
     def __init__(self, info: ClassificationInfo, device: torch.device | str, config: PETLStrategyConfig) -> None:
         super().__init__(info, device, config)
