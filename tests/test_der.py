@@ -11,11 +11,13 @@ from functools import partial
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.nn import functional as F
 
 from clbench.callbacks import Callback
 from clbench.config import ConfigError, build_config
+from clbench.models.backbones import CifarResNet
+from clbench.models.channel_masks import add_gates, annealed_scale, conv_masks, gates, kept_parameters, sparsity_loss
 from clbench.models.classifier import build_backbone
 from clbench.models.der import DERNet
 from clbench.protocol import ClassificationInfo
@@ -264,3 +266,89 @@ def test_unknown_option_names_are_refused_with_one_line(overrides, message):
     with pytest.raises(ConfigError) as error:
         build_config("der", "cpu", overrides)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------------------------------------------ pruning
+def gated_resnet(width: int = 4) -> CifarResNet:
+    net = add_gates(CifarResNet(1, (1, 1), width), init=1.0)        # identity and 1x1-conv shortcuts
+    with torch.no_grad():
+        for gate in gates(net):
+            gate.e.copy_(torch.randn(gate.e.shape).abs() + 0.1)
+        stem, block1, block2 = net.stem[1], net.layers[0], net.layers[1]
+        stem.e[[0]] = -1.0                                   # stem channel 0 off (and block 1 conv2 channel 0)
+        block1.bn1.e[[1, 2]] = -1.0
+        block1.bn2.e[[0, 3]] = -1.0                          # channel 3: alive through the identity shortcut
+        block2.bn1.e[[5]] = -1.0
+        block2.shortcut[1].e[[0, 1, 2]] = -1.0
+        block2.bn2.e[[1, 2]] = -1.0                          # output channels 1, 2: off in both branches
+    return net
+
+
+def test_gates_are_soft_while_training_and_binary_in_eval():
+    net = gated_resnet()
+    gate = net.layers[0].bn1
+    gate.s = 2.0
+    net.train()
+    assert torch.allclose(gate.mask(), torch.sigmoid(2.0 * gate.e))
+    net.eval()
+    assert gate.mask().tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert [annealed_scale(b, 5, 400.0) for b in (1, 3, 5)] == pytest.approx([1 / 400, 200 + 1 / 800, 400])
+
+
+def test_kept_parameters_equal_the_weights_autograd_says_matter():
+    """Independent reference: in eval mode (binary masks), the parameter entries with a non-zero gradient of the
+    output are exactly those of the pruned network."""
+    net = gated_resnet().eval()
+    (net(torch.randn(64, 1, 8, 8)) ** 2).sum().backward()      # enough images that no ReLU hides a weight
+    used = sum(int((p.grad != 0).sum()) for name, p in net.named_parameters() if not name.endswith(".e"))
+    count, features = kept_parameters(net)
+    assert count == used
+    assert features == 8 - 2                                 # block 2's output channels 1 and 2 are gone
+    convs, _ = conv_masks(net, hard=True)
+    kept_weights = sum(c.kernel_size[0] ** 2 * int(i.sum()) * int(o.sum()) for c, i, o in convs)
+    all_weights = sum(c.weight.numel() for c, _, _ in convs)
+    assert float(sparsity_loss(net)) == pytest.approx(kept_weights / all_weights)
+
+
+def test_sparsity_loss_matches_the_formula_with_soft_masks():
+    net = gated_resnet().train()
+    for gate in gates(net):
+        gate.s = 0.7
+    stem, b1, b2 = net.stem[1].mask(), net.layers[0], net.layers[1]
+    m = {name: g.mask() for name, g in (("a1", b1.bn1), ("o1", b1.bn2), ("a2", b2.bn1), ("o2", b2.bn2),
+                                        ("s2", b2.shortcut[1]))}
+    out1 = m["o1"] + stem - m["o1"] * stem                   # residual sum: union of the two branches
+    terms = [(9, torch.ones(1), stem), (9, stem, m["a1"]), (9, m["a1"], m["o1"]), (9, out1, m["a2"]),
+             (9, m["a2"], m["o2"]), (1, out1, m["s2"])]
+    sizes = [(9, 1, 4), (9, 4, 4), (9, 4, 4), (9, 4, 8), (9, 8, 8), (1, 4, 8)]
+    expected = sum(k * i.sum() * o.sum() for k, i, o in terms) / sum(k * i * o for k, i, o in sizes)
+    assert torch.allclose(sparsity_loss(net), expected)
+
+
+def test_pruning_strategy_resets_masks_per_task_and_reports_pruned_parameters(digits):
+    s = strategy(digits.info, model="resnet32", model_args={"width": 4}, prune=True, prune_lambda=5.0)
+    seen_e: list[Tensor] = []
+
+    class FirstBatch(Callback):
+        def on_batch_start(self, x, y):
+            if not seen_e:
+                seen_e.append(torch.cat([g.e.detach().clone() for g in gates(s.model.extractors[-1])]))
+
+    s.callbacks.callbacks.append(FirstBatch())
+    exps = list(digits.train_stream)
+    s.train(exps[0])
+    seen_e.clear()
+    s.train(exps[1])
+    assert torch.equal(seen_e[0], torch.ones_like(seen_e[0]))          # F_2's masks start open, not F_1's
+    total, pruned = s.num_parameters().total, s.extra_metrics()["params_pruned_M"] * 1e6
+    assert pruned == s.pruned_parameters() <= total
+    masks = [g.e for e in s.model.extractors for g in gates(e)]
+    by_hand = sum(kept_parameters(e)[0] for e in s.model.extractors) + 4 * sum(
+        kept_parameters(e)[1] for e in s.model.extractors)
+    assert pruned == by_hand and len(masks) == 2 * (1 + 15 * 2 + 2)     # stem, 15 blocks, 2 shortcuts
+
+
+def test_pruning_refuses_a_backbone_without_conv_channels_before_training(digits):
+    with pytest.raises(ValueError, match="prune: true needs a CIFAR ResNet extractor .* got MLP") as error:
+        strategy(digits.info, model="mlp", model_args={}, prune=True)
+    assert "\n" not in str(error.value)

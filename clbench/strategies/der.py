@@ -15,6 +15,8 @@ Per task ``t`` (``|C_1:t-1|`` old classes, ``|C_t|`` new ones), with the network
 
 3. Memory update: iCaRL herding on ``Φ_t(x)`` under the global budget ``K`` (``config.memory``, a kind in
    :data:`clbench.cl.MEMORIES`; ``|M| <= K`` is checked after every update).
+   With ``prune``, the new extractor's channels are gated and ``λ_s · L_S`` (the soft fraction of convolution
+   weights in use) is added, the mask scale annealed batch by batch (:mod:`clbench.models.channel_masks`).
 4. Classifier correction for ``t > 1``, one of :data:`CORRECTIONS` (``config.correction``):
 
    - ``retrain`` (the official "classifier learning stage", the default): ``W_H`` re-initialized, then trained
@@ -26,8 +28,8 @@ Per task ``t`` (``|C_1:t-1|`` old classes, ``|C_t|`` new ones), with the network
 
 The loop is Avalanche's :class:`SupervisedTemplate` with :class:`clbench.cl.PhasedTemplate` (phases, memory-only
 dataset, frozen extractors, per-epoch lr); DER overrides the expansion, the optimizer, the forward pass and the
-criterion; the strategy's callbacks are bridged into it. Not implemented: the paper's optional channel-mask pruning
-(docs/der.md), the official warm-up's classifier reset at the end of warm-up, and its extra ColorJitter.
+criterion; the strategy's callbacks are bridged into it. Not reproduced: the official warm-up's classifier reset at the
+end of warm-up, and its extra ColorJitter (docs/der.md).
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ from torch.nn import functional as F
 
 from clbench.callbacks import bridge
 from clbench.cl import MEMORIES, Memory, Phase, PhasedTemplate, balanced_finetuning, build_memory, dataset_features
+from clbench.models.channel_masks import (
+    add_gates,
+    annealed_scale,
+    kept_parameters,
+    reset_gates,
+    set_scale,
+    sparsity_loss,
+)
 from clbench.models.checkpoint import load_weights
 from clbench.models.classifier import build_backbone
 from clbench.models.der import DERNet, DEROutput, der_linear
@@ -85,6 +95,11 @@ class DERConfig:
     retrain_weight_decay: float = 5e-4
     retrain_temperature: float = 5.0             # T
     retrain_reset: bool = True                   # re-initialize W_H before re-training it (official)
+    # optional pruning (clbench.models.channel_masks; CIFAR ResNets only): L += λ_s · L_S on the new extractor
+    prune: bool = False
+    prune_lambda: float = 1.0                    # λ_s (not given in the sources read here: a choice, docs/der.md)
+    prune_s_max: float = 400.0                   # s_max (HAT's value)
+    prune_init: float = 1.0                      # e_l at the start of each task (all channels open)
 
     def __post_init__(self) -> None:
         if self.correction not in CORRECTIONS:
@@ -93,6 +108,8 @@ class DERConfig:
             raise ValueError(f"memory must be one of {MEMORIES.names()}, got {self.memory!r}")
         if min(self.epochs, self.first_epochs, self.batch_size) < 1 or self.retrain_epochs < 0:
             raise ValueError("epochs, first_epochs and batch_size must be positive, retrain_epochs >= 0")
+        if self.prune_s_max <= 1 or self.prune_lambda < 0 or self.prune_init <= 0:
+            raise ValueError("prune_s_max must be > 1, prune_lambda >= 0 and prune_init > 0")
         if self.retrain_temperature <= 0:
             raise ValueError(f"retrain_temperature must be > 0, got {self.retrain_temperature}")
         self.milestones, self.first_milestones = tuple(self.milestones), tuple(self.first_milestones)
@@ -179,6 +196,8 @@ class DERTemplate(PhasedTemplate, SupervisedTemplate):
             self.n_old = self.model.n_classes
             n_new = self.info.classes_per_experience[t]
             self.model.add_task(n_new)
+            if self.config.prune:
+                reset_gates(self.model.extractors[-1], self.config.prune_init)
             self.aux_head = der_linear(self.model.out_dim, n_new + 1) if self.phase.task_losses else None
         model = super().model_adaptation(model)
         for p in self.model.parameters():              # frozen parameters drop the gradients of their last phase
@@ -201,6 +220,13 @@ class DERTemplate(PhasedTemplate, SupervisedTemplate):
                 trainable += list(self.aux_head.to(self.device).parameters())
         self.optimizer = make(trainable, lr=self.phase.lr, momentum=cfg.momentum)
 
+    def _before_training_iteration(self, **kwargs) -> None:
+        """With ``prune``: the new extractor's mask scale ``s`` annealed over the epoch's batches."""
+        if self.config.prune and not self.phase.memory_only:
+            s = annealed_scale(self.clock.train_epoch_iterations + 1, len(self.dataloader), self.config.prune_s_max)
+            set_scale(self.model.extractors[-1], s)
+        super()._before_training_iteration(**kwargs)
+
     def forward(self) -> DEROutput:
         return self.model(self.mb_x)
 
@@ -212,6 +238,8 @@ class DERTemplate(PhasedTemplate, SupervisedTemplate):
         if self.phase.task_losses and self.aux_head is not None:
             aux = self.aux_head(out.features[-1])
             loss = loss + self.config.aux_lambda * F.cross_entropy(aux, aux_targets(self.mb_y, self.n_old))
+        if self.config.prune:
+            loss = loss + self.config.prune_lambda * sparsity_loss(self.model.extractors[-1])
         return loss
 
 
@@ -249,6 +277,8 @@ class DER(StrategyBase):
     def __init__(self, info: ClassificationInfo, device: torch.device | str, config: DERConfig) -> None:
         super().__init__(info, device, config)
         self.model = DERNet(partial(self._first_extractor, info, config), config.copy_old_classifier)
+        if config.prune:                              # a backbone that cannot be pruned fails before any training
+            self._first_extractor(info, config)
         self.memory = build_memory(config.memory, config.mem_size)
         self.template = DERTemplate(model=self.model, info=info, config=config, memory=self.memory,
                                     device=self.device)
@@ -259,7 +289,7 @@ class DER(StrategyBase):
         extractor = build_backbone(info, config.model, config.model_args)
         if config.init:
             load_weights(extractor, config.init)
-        return extractor
+        return add_gates(extractor, config.prune_init) if config.prune else extractor
 
     def train(self, experience) -> None:
         self.template.run_phase(task_phase(self.config, experience.current_experience), experience)
@@ -285,5 +315,15 @@ class DER(StrategyBase):
         """The deployed network: the extractors and ``W_H`` (the auxiliary head is a training-time head)."""
         return ParamCount.of(self.model)
 
+    def pruned_parameters(self) -> int:
+        """Parameters of the network with every masked channel removed: each pruned extractor, and ``W_H``'s
+        columns for the features the extractors keep (``prune`` only)."""
+        kept = [kept_parameters(extractor) for extractor in self.model.extractors]
+        return sum(n for n, _ in kept) + self.model.n_classes * sum(features for _, features in kept)
+
     def extra_metrics(self) -> dict[str, float]:
-        return {"extractors": float(self.model.n_tasks), "memory_used": float(len(self.memory))}
+        """Extractors, memory used and, with ``prune``, ``params_pruned_M`` (the pruned network, millions)."""
+        extra = {"extractors": float(self.model.n_tasks), "memory_used": float(len(self.memory))}
+        if self.config.prune:
+            extra["params_pruned_M"] = self.pruned_parameters() / 1e6
+        return extra
