@@ -8,7 +8,7 @@ Sections, in order:
    (``avg_inc``, ``last``, ``forgetting``, ``bwt``; direction from the spec, forgetting lower is better for a
    higher-is-better metric), and a table ranking the continual strategies by ``avg_inc`` with their ``last``, the gap
    ``last(joint) - last(strategy)`` to the joint upper bound (an offline row: trained on everything at once, one
-   row in its matrix; none in the suite: no gap) and their rank by forgetting;
+   row in its matrix; without one in the suite the column is left out) and their rank by forgetting;
 3. the plots: each scenario's score curves inline, its score-matrix heatmaps and parameter curve as links;
 4. the leaderboard (:func:`clbench.leaderboard.to_markdown`);
 5. failed runs with their reasons;
@@ -73,20 +73,24 @@ def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> li
     if not len(continual):
         return [*lines, ""]
     forgetting = pd.to_numeric(continual[col["forgetting"]], errors="coerce") * sign
-    forget_rank = forgetting.rank(method="min", na_option="bottom").astype(int)
+    forget_rank = forgetting.rank(method="min")            # NaN where undefined (a single experience)
+    shown = forgetting.notna().any()
     header = ["rank", "strategy", "seeds", col["avg_inc"], col["last"],
-              f"gap to joint ({col['last']})", col["forgetting"], "forgetting rank"]
+              *([f"gap to joint ({col['last']})"] if len(joint) else []),
+              *([col["forgetting"], "forgetting rank"] if shown else [])]
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for k, (index, row) in enumerate(continual.iterrows(), start=1):      # leaderboard order: best avg_inc first
-        gap = "–" if not len(joint) or pd.isna(row[col["last"]]) else \
-            f"{sign * (upper[col['last']] - row[col['last']]):.2f}"
+        gap = [] if not len(joint) else \
+            ["–" if pd.isna(row[col["last"]]) else f"{sign * (upper[col['last']] - row[col['last']]):.2f}"]
+        forget = [_pm(row, col["forgetting"]), "–" if pd.isna(forget_rank[index]) else f"{forget_rank[index]:.0f}"]
         cells = [str(k), f"`{row['strategy']}`", str(row["n_seeds"]), _pm(row, col["avg_inc"]),
-                 _pm(row, col["last"]), gap, _pm(row, col["forgetting"]), str(forget_rank[index])]
+                 _pm(row, col["last"]), *gap, *(forget if shown else [])]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines.append("")
-    if len(joint):
-        lines += [f"Gap to joint: `{col['last']}` of `{upper['strategy']}` minus the strategy's (positive: below "
-                  "the upper bound). Forgetting rank 1 = least forgetting.", ""]
+    notes = ([f"Gap to joint: `{col['last']}` of `{upper['strategy']}` minus the strategy's (positive: below the "
+              "upper bound)."] if len(joint) else []) + (["Forgetting rank 1 = least forgetting."] if shown else
+                                                          ["Forgetting is undefined here (a single experience)."])
+    lines += [" ".join(notes), ""]
     return lines
 
 

@@ -27,8 +27,8 @@ def _record(strategy: str, seed: int, avg: float | None, last: float, forgetting
             "test_sizes": [10, 10], "params_per_step": [{"total": 10, "trainable": 10}] * len(R),
             "started": f"2026-01-0{seed + 1}T00:00:00+00:00", "finished": f"2026-01-0{seed + 1}T00:01:00+00:00",
             "metrics": {} if status == "failed" else
-            {"avg_inc_acc": avg, "last_acc": last, "forgetting": forgetting, "bwt": None if offline else -forgetting,
-             "train_s": 30.0, "params_M": 1e-5}}
+            {"avg_inc_acc": avg, "last_acc": last, "forgetting": forgetting,
+             "bwt": None if forgetting is None else -forgetting, "train_s": 30.0, "params_M": 1e-5}}
 
 
 RECORDS = [_record("a", 0, 80.0, 60.0, 30.0), _record("a", 1, 84.0, 64.0, 34.0),       # a: 82 / 62 / 32
@@ -62,7 +62,14 @@ def test_summary_numbers_plots_failures_and_provenance(tmp_path):
 def test_without_an_offline_run_there_is_no_gap(tmp_path):
     text = suite_report.write(tmp_path, RECORDS[:4]).read_text()
     assert "no offline (joint) row in this suite: no upper bound" in text
-    assert "| 1 | `a` | 2 | 82.00 ± 2.83 | 62.00 ± 2.83 | – |" in text
+    assert "| 1 | `a` | 2 | 82.00 ± 2.83 | 62.00 ± 2.83 | 32.00 ± 2.83 | 2 |" in text and "gap to joint" not in text
+
+
+def test_a_single_experience_has_no_forgetting_columns(tmp_path):
+    text = suite_report.write(tmp_path, [_record("a", 0, 50.0, 50.0, None), _record("b", 0, 40.0, 40.0, None)]
+                              ).read_text()
+    assert "| 1 | `a` | 1 | 50.00 ± – | 50.00 ± – |" in text and "forgetting rank" not in text
+    assert "Forgetting is undefined here (a single experience)." in text
 
 
 def test_run_and_report_commands_write_report_md(tiny_suite, tmp_path, capsys):
