@@ -3,8 +3,9 @@
 Usage: ``python tests/mutation_report.py [GROUP ...] [--survivors]``. The groups and their tests are
 ``[tool.clbench.mutation]`` in pyproject.toml (``mutate``: files; ``tests``: pytest arguments: the fast tests that
 matter for those files); the other mutmut settings come from ``[tool.mutmut]``. Each group runs in a fresh copy of
-the working tree under ``build/mutation/<group>/`` (mutmut keeps stale unmutated modules in its ``mutants/`` copy,
-and a fresh copy keeps one group's run from reading another's), niced, one mutant at a time (``--max-children 1``).
+the committed tree (``git archive HEAD``: the scores name a commit; commit first) under ``build/mutation/<group>/``
+(mutmut keeps stale unmutated modules in its ``mutants/`` copy, and a fresh copy keeps one group's run from reading
+another's), niced, one mutant at a time (``--max-children 1``).
 
 Printed per group and in ``build/mutation/report.md``: mutants, killed (a test failed or a mutant timed out),
 survived, no test reaches it (counts as not killed), and the score ``killed / mutants``; with ``--survivors`` the
@@ -36,17 +37,13 @@ def _toml(value) -> str:
 
 
 def prepare(group: str, spec: dict, base: dict, pytest_ini: dict) -> Path:
-    """A fresh copy of the tree for ``group`` with a pyproject.toml that mutates only its files with its tests."""
+    """A fresh copy of the committed tree for ``group`` with a pyproject.toml that mutates only its files with its
+    tests."""
     work = WORK / group
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
-    for name in COPIED:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, work / name, ignore=ignore)
-        elif source.exists():
-            shutil.copy2(source, work / name)
+    archive = subprocess.run(["git", "archive", "HEAD", *COPIED], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
     mutmut = {**base, "only_mutate": spec["mutate"], "pytest_add_cli_args_test_selection": spec["tests"]}
     lines = ["[tool.pytest.ini_options]", *(f"{k} = {_toml(v)}" for k, v in pytest_ini.items()), "",
              "[tool.mutmut]", *(f"{k} = {_toml(v)}" for k, v in mutmut.items())]
@@ -86,6 +83,8 @@ def main(argv: list[str]) -> int:
         return 2
     mutmut = Path(sys.executable).parent / "mutmut"
     env = {**os.environ, "CLBENCH_JOBS": "1", "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
     for group in chosen:
         spec = groups[group]
         work = prepare(group, spec, config["tool"]["mutmut"], config["tool"]["pytest"]["ini_options"])
@@ -109,9 +108,11 @@ def main(argv: list[str]) -> int:
                 lines += [f"### {name} ({found[name]})", "```diff", diff.strip(), "```"]
             else:
                 lines.append(f"- {name} ({found[name]})")
-        (work / "result.json").write_text(json.dumps({"row": row, "survivors": lines}))
+        (work / "result.json").write_text(json.dumps({"group": group, "commit": commit, "row": row,
+                                                      "survivors": lines}))
     results = [json.loads(p.read_text()) for g in groups if (p := WORK / g / "result.json").exists()]
-    text = "\n".join(["# Mutation testing", "",
+    commits = ", ".join(f"{r.get('group', '?')} at {r.get('commit', '?')}" for r in results)
+    text = "\n".join(["# Mutation testing", "", f"Tested commits: {commits}.", "",
                       "| group | mutants | killed | survived | no test reaches it | other | score | minutes |",
                       "|---|---|---|---|---|---|---|---|", *(r["row"] for r in results), "",
                       *(line for r in results for line in [*r["survivors"], ""])])

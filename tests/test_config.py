@@ -70,3 +70,41 @@ def test_select_restricts_and_rejects_unknown():
     assert [s.key for s in suite.select(strategies=["naive"]).strategies] == ["naive"]
     with pytest.raises(ConfigError, match="has no strategy 'ewc'"):
         suite.select(strategies=["ewc"])
+
+
+TWO = {"suite": "two", "seeds": [0, 1],
+       "scenarios": [{"name": "synthetic", "label": "syn_a"}, {"name": "synthetic", "label": "syn_b"}, "split_digits"],
+       "strategies": [{"name": "replay", "label": "rp"}, "naive", "ewc"]}
+
+
+def test_select_honours_scenarios_strategies_and_seeds_by_label_or_name():
+    suite = parse_suite(TWO, "two.yaml")
+    picked = suite.select(scenarios=["syn_b", "split_digits"], strategies=["replay", "ewc"], seeds=[5])
+    assert [s.key for s in picked.scenarios] == ["syn_b", "split_digits"]
+    assert [s.key for s in picked.strategies] == ["rp", "ewc"]
+    assert picked.seeds == (5,) and picked.name == "two" and picked.source == "two.yaml"
+    assert [s.key for s in suite.select(scenarios=["synthetic"]).scenarios] == ["syn_a", "syn_b"]   # by name
+    assert suite.select() == suite and suite.select(scenarios=[], strategies=[], seeds=[]) == suite
+    assert [r.run_id for r in picked.run_specs()] == ["syn_b__rp__s5", "syn_b__ewc__s5", "split_digits__rp__s5",
+                                                      "split_digits__ewc__s5"]
+
+
+def test_select_errors_name_the_suite_the_kind_and_what_it_has():
+    suite = parse_suite(TWO, "two.yaml")
+    with pytest.raises(ConfigError) as info:
+        suite.select(scenarios=["syn_c"])
+    assert str(info.value) == ("suite 'two' has no scenario 'syn_c'. Did you mean 'syn_b' or 'syn_a'? "
+                               "It has: split_digits, syn_a, syn_b, synthetic.")
+    with pytest.raises(ConfigError) as info:
+        suite.select(strategies=["zzz"])
+    assert str(info.value) == "suite 'two' has no strategy 'zzz'. It has: ewc, naive, replay, rp."
+    with pytest.raises(ConfigError) as info:
+        suite.select(seeds=[-1])
+    assert str(info.value) == "--seeds: 'seeds' must be a non-empty list of integers >= 0 (not booleans), got [-1]."
+
+
+def test_run_specs_carry_device_and_amp_in_scenario_strategy_seed_order():
+    specs = parse_suite(TWO, "two.yaml").run_specs(device="cpu", amp=True)
+    assert len(specs) == 3 * 3 * 2 and all(s.device == "cpu" and s.amp for s in specs)
+    assert [s.run_id for s in specs[:4]] == ["syn_a__rp__s0", "syn_a__rp__s1", "syn_a__naive__s0", "syn_a__naive__s1"]
+    assert parse_suite(TWO).run_specs()[0].device == "auto" and not parse_suite(TWO).run_specs()[0].amp
