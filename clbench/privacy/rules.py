@@ -48,12 +48,11 @@ class UnsupportedLayerError(TypeError):
 @dataclass
 class Call:
     """One forward call of a hooked module: what the rule saved (``saved``, detached), the tensor whose gradient
-    is needed (``out``) and, after the backward, that gradient (``grad``, same shape as ``out``). ``kind`` tells
-    the calls of a module with several uses apart (tied embeddings: ``"lookup"`` / ``"logits"``)."""
+    is needed (``out``; dropped once its gradient hook is set) and, after the backward, that gradient (``grad``,
+    same shape as ``out``)."""
 
     saved: tuple[Tensor, ...]
-    out: Tensor
-    kind: str = ""
+    out: Tensor | None
     grad: Tensor | None = None
 
 
@@ -62,12 +61,14 @@ class Rule:
     """How one module type's own parameters get per-sample squared norms and weighted gradient sums.
 
     ``capture(module, args, output) -> Call | None`` (None: nothing to record, e.g. no gradient will flow);
-    ``sq_norms(module, calls) -> (B,)`` ``Σ_params ‖∇θ_i‖²``; ``weighted(module, calls, w) -> {name: Σ_i w_i ∇θ_i}``.
-    ``hook(module, record) -> handles`` installs the capture (default: a forward hook on the module itself)."""
+    ``operands(module, calls)``: what the two results are computed from (e.g. ``A, G``), formed once per batch;
+    ``sq_norms(module, ops) -> (B,)`` ``Σ_params ‖∇θ_i‖²``; ``weighted(module, ops, w) -> {name: Σ_i w_i ∇θ_i}``.
+    ``hook(module, record, rule) -> handles`` installs the capture (default: a forward hook on the module)."""
 
     capture: Callable[[nn.Module, tuple, Any], Call | None]
-    sq_norms: Callable[[nn.Module, list[Call]], Tensor]
-    weighted: Callable[[nn.Module, list[Call], Tensor], dict[str, Tensor]]
+    operands: Callable[[nn.Module, list[Call]], Any]
+    sq_norms: Callable[[nn.Module, Any], Tensor]
+    weighted: Callable[[nn.Module, Any, Tensor], dict[str, Tensor]]
     hook: Callable[[nn.Module, Callable[[Call], None], Rule], list[RemovableHandle]] | None = None
 
     def install(self, module: nn.Module, record: Callable[[Call], None]) -> list[RemovableHandle]:
@@ -78,7 +79,8 @@ RULES: dict[type, Rule] = {}
 
 
 def register_rule(*types: type) -> Callable[[Rule], Rule]:
-    """``register_rule(MyLayer)(Rule(capture, sq_norms, weighted))``: the rule for modules of exactly these types."""
+    """``register_rule(MyLayer)(Rule(capture, operands, sq_norms, weighted))``: the rule for modules of exactly these
+    types."""
     def add(rule: Rule) -> Rule:
         for t in types:
             RULES[t] = rule
@@ -106,11 +108,14 @@ def as_sequence(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0], -1, t.shape[-1])
 
 
+def join(parts: list[Tensor]) -> Tensor:
+    """``parts`` joined along dimension 1 (a single part as it is: no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
 def sequences(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
     """``A, G: (B, T_total, ·)``: the saved input and the output gradient of every call, joined along ``T``."""
-    a = torch.cat([as_sequence(c.saved[0]) for c in calls], 1)
-    g = torch.cat([as_sequence(c.grad) for c in calls], 1)
-    return a, g
+    return join([as_sequence(c.saved[0]) for c in calls]), join([as_sequence(c.grad) for c in calls])
 
 
 def matmul_sq_norms(a: Tensor, g: Tensor) -> Tensor:
@@ -167,21 +172,31 @@ def _affine_capture(module: nn.Module, args: tuple, output: Any) -> Call | None:
 def affine_rule(operands: Operands = sequences, capture: Callable = _affine_capture) -> Rule:
     """A rule for ``y = W a + b`` with ``W: (p, ...)``; ``operands(module, calls) -> (A: (B, T, d), G: (B, T, p))``
     (default: the saved inputs and the output gradients of the calls, joined along ``T``)."""
-    def sq_norms(module: nn.Module, calls: list[Call]) -> Tensor:
-        a, g = operands(module, calls)
+    def sq_norms(module: nn.Module, ops: tuple[Tensor, Tensor]) -> Tensor:
+        a, g = ops
         params = own(module)
         total = matmul_sq_norms(a, g) if "weight" in params else g.new_zeros(len(g))
         return total + sq(summed(g)) if "bias" in params else total
 
-    def weighted(module: nn.Module, calls: list[Call], w: Tensor) -> dict[str, Tensor]:
-        a, g = operands(module, calls)
+    def weighted(module: nn.Module, ops: tuple[Tensor, Tensor], w: Tensor) -> dict[str, Tensor]:
+        a, g = ops
         params = own(module)
         out = {"weight": matmul_weighted(a, g, w).view_as(params["weight"])} if "weight" in params else {}
         if "bias" in params:
             out["bias"] = weighted_sum(summed(g), w)
         return out
 
-    return Rule(capture, sq_norms, weighted)
+    return Rule(capture, operands, sq_norms, weighted)
+
+
+def vector_rule(capture: Callable, grads: Callable[[nn.Module, list[Call]], dict[str, Tensor]],
+                hook: Callable | None = None) -> Rule:
+    """A rule for parameters whose per-sample gradients are small enough to form: ``grads(module, calls) ->
+    {name: (B, *param.shape)-like}``; norms and weighted sums are read off them."""
+    return Rule(capture, grads,
+                lambda module, ops: torch.stack([sq(v) for v in ops.values()]).sum(0),
+                lambda module, ops, w: {n: weighted_sum(v, w).view_as(own(module)[n]) for n, v in ops.items()},
+                hook)
 
 
 LINEAR = register_rule(nn.Linear, TangentLinear)(affine_rule())
@@ -191,9 +206,9 @@ layer on the primal input ``x`` with ``G = ∂L/∂ẏ``."""
 
 def _conv_operands(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
     """``im2col`` patches ``A: (B, L, C·k_h·k_w)`` and ``G: (B, L, p)`` over the ``L`` output positions."""
-    a = torch.cat([F.unfold(c.saved[0], module.kernel_size, module.dilation, module.padding, module.stride)
-                   .transpose(1, 2) for c in calls], 1)
-    g = torch.cat([c.grad.flatten(2).transpose(1, 2) for c in calls], 1)
+    a = join([F.unfold(c.saved[0], module.kernel_size, module.dilation, module.padding, module.stride)
+              .transpose(1, 2) for c in calls])
+    g = join([c.grad.flatten(2).transpose(1, 2) for c in calls])
     return a, g
 
 
@@ -217,19 +232,16 @@ def scale_rule(features: Callable[[nn.Module, Tensor], Tensor], weight: str = "w
     """
     def grads(module: nn.Module, calls: list[Call]) -> dict[str, Tensor]:
         params = own(module)
-        g = torch.cat([as_sequence(c.grad) for c in calls], 1)
+        g = join([as_sequence(c.grad) for c in calls])
         out = {}
         if weight in params:
-            x = torch.cat([as_sequence(features(module, c.saved[0])) for c in calls], 1)
+            x = join([as_sequence(features(module, c.saved[0])) for c in calls])
             out[weight] = elementwise(x, g)
         if "bias" in params:
             out["bias"] = summed(g)
         return out
 
-    return Rule(_affine_capture,
-                lambda module, calls: sum(sq(v) for v in grads(module, calls).values()),
-                lambda module, calls, w: {n: weighted_sum(v, w).view_as(own(module)[n])
-                                          for n, v in grads(module, calls).items()})
+    return vector_rule(_affine_capture, grads)
 
 
 def _normalized(module: nn.Module, x: Tensor) -> Tensor:
@@ -257,8 +269,8 @@ def _embedding_capture(module: nn.Embedding, args: tuple, output: Tensor) -> Cal
 def embedding_ids_grads(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
     """``ids: (B, T)`` and ``G: (B, T, d)`` of every lookup call; positions holding ``padding_idx`` (which gets no
     gradient) have ``G = 0``."""
-    ids = torch.cat([c.saved[0].reshape(len(c.saved[0]), -1) for c in calls], 1)
-    g = torch.cat([as_sequence(c.grad) for c in calls], 1)
+    ids = join([c.saved[0].reshape(len(c.saved[0]), -1) for c in calls])
+    g = join([as_sequence(c.grad) for c in calls])
     if getattr(module, "padding_idx", None) is not None:
         g = g * (ids != module.padding_idx).unsqueeze(-1).to(g.dtype)
     return ids, g
@@ -277,10 +289,9 @@ def embedding_weighted(ids: Tensor, g: Tensor, w: Tensor, num_embeddings: int) -
 
 
 register_rule(nn.Embedding)(Rule(
-    _embedding_capture,
-    lambda module, calls: embedding_sq_norms(*embedding_ids_grads(module, calls)),
-    lambda module, calls, w: {"weight": embedding_weighted(*embedding_ids_grads(module, calls), w,
-                                                           module.num_embeddings)}))
+    _embedding_capture, embedding_ids_grads,
+    lambda module, ops: embedding_sq_norms(*ops),
+    lambda module, ops, w: {"weight": embedding_weighted(*ops, w, module.num_embeddings)}))
 """``nn.Embedding``: ``∇E_i = Σ_t e_{id_t} G_{i,t}ᵀ`` (rows of the one-hot ids)."""
 
 
@@ -307,12 +318,7 @@ def additive_rule(positions: Callable[[nn.Module], dict[str, slice]], site: Call
         params, g = own(module), calls[0].grad
         return {n: g[:, s] for n, s in positions(module).items() if n in params}
 
-    return Rule(lambda *a: None,
-                lambda module, calls: sum((sq(v) for v in grads(module, calls).values()),
-                                          calls[0].grad.new_zeros(len(calls[0].grad))),
-                lambda module, calls, w: {n: weighted_sum(v, w).view_as(own(module)[n])
-                                          for n, v in grads(module, calls).items()},
-                hook)
+    return vector_rule(lambda *a: None, grads, hook)
 
 
 def _vit_positions(vit: VisionTransformer) -> dict[str, slice]:
@@ -342,4 +348,4 @@ register_rule(TangentModel)(additive_rule(lambda model: {"cls_token": slice(0, 1
 
 __all__ = ["RULES", "Call", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads",
            "embedding_sq_norms", "embedding_weighted", "matmul_sq_norms", "matmul_weighted", "register_rule",
-           "scale_rule"]
+           "scale_rule", "vector_rule"]

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from clbench.callbacks import CALLBACKS, BatchPlan, Callback, CallbackContext
 from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
+from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.tape import Tape
 
@@ -182,6 +183,10 @@ class PrivateTraining(Callback):
         expected = call.sample_rate * call.n
         factors = CLIPPING[self.config.clipping](norms, self.config.clip, self.config.gamma)
         summed = tape.weighted_grads(factors * (batch / expected) - 1)
+        missing = [tuple(p.shape) for p in params if p not in summed]
+        if missing:
+            raise UnsupportedLayerError(f"dp: the layer rules gave no per-sample gradient for parameters of shapes "
+                                        f"{missing}; they would be updated without clipping or noise.")
         std = call.sigma * self.config.clip / expected
         for p in params:
             noise = torch.randn(p.shape, generator=self.noise, dtype=p.dtype).to(p.device)

@@ -46,23 +46,26 @@ class Tape:
                 self.names[module] = name
                 self.handles += rule.install(module, self._recorder(module))
         self.ties = [tie(owners) for owners in self.owners.values() if len(owners) > 1]
+        self.reset()
 
     def _recorder(self, module: nn.Module):
         def record(call: Call) -> None:
             def keep(grad: Tensor) -> None:
                 call.grad = grad
             call.out.register_hook(keep)
+            call.out = None                   # the gradient is what is needed; holding the output would keep it alive
             self.calls.setdefault(module, []).append(call)
         return record
 
     def reset(self) -> None:
         """Forget the recorded calls (before the next forward)."""
-        self.calls = {}
+        self.calls, self._ops = {}, None
 
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
-        self.handles, self.calls = [], {}
+        self.handles = []
+        self.reset()
 
     def __enter__(self) -> Tape:
         return self
@@ -100,12 +103,18 @@ class Tape:
                     f"(its module was not called through forward, e.g. nn.MultiheadAttention's out_proj); "
                     f"per-sample norms would leave it out.")
 
+    def _operands(self, batch: int) -> dict[nn.Module, object]:
+        """Each called module's rule operands (``A``, ``G``, ...), formed once per batch."""
+        if self._ops is None:
+            self._ops = {module: RULES[type(module)].operands(module, calls)
+                         for module, calls in self._filled(batch).items()}
+        return self._ops
+
     def sq_norms(self, batch: int) -> Tensor:
         """``Σ_θ ‖∇θ_i‖²: (B,)`` over every hooked parameter, for the loss whose backward ran."""
-        filled = self._filled(batch)
-        parts = [RULES[type(module)].sq_norms(module, calls) for module, calls in filled.items()]
-        parts += [cross_sq_norms(emb, filled[emb], lin, filled[lin]) for emb, lin in self.ties
-                  if emb in filled and lin in filled]
+        ops = self._operands(batch)
+        parts = [RULES[type(module)].sq_norms(module, o) for module, o in ops.items()]
+        parts += [cross_sq_norms(ops[emb], ops[lin]) for emb, lin in self.ties if emb in ops and lin in ops]
         total = sum(parts[1:], parts[0]) if parts else None
         if total is None:
             raise UnsupportedLayerError("no hooked layer received a gradient: nothing to clip.")
@@ -115,9 +124,9 @@ class Tape:
         """``{θ: Σ_i w_i ∇θ_i}`` for every hooked parameter that received a gradient (``w: (B,)``); a tied
         parameter gets the sum over its uses."""
         out: dict[nn.Parameter, Tensor] = {}
-        for module, calls in self._filled(len(w)).items():
+        for module, ops in self._operands(len(w)).items():
             params = own(module)
-            for name, value in RULES[type(module)].weighted(module, calls, w).items():
+            for name, value in RULES[type(module)].weighted(module, ops, w).items():
                 p = params[name]
                 out[p] = out[p] + value if p in out else value
         return out

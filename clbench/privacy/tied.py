@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from clbench.privacy.rules import Call, UnsupportedLayerError, as_sequence, embedding_ids_grads
+from clbench.privacy.rules import UnsupportedLayerError
 
 
 def tie(owners: list[tuple[nn.Module, str, str]]) -> tuple[nn.Embedding, nn.Linear]:
@@ -32,11 +32,11 @@ def tie(owners: list[tuple[nn.Module, str, str]]) -> tuple[nn.Embedding, nn.Line
                                 f"nn.Embedding's and an nn.Linear's weight (tied input/output embeddings) only.")
 
 
-def cross_sq_norms(embedding: nn.Embedding, lookups: list[Call], linear: nn.Linear, projections: list[Call]) -> Tensor:
-    """``2 ⟨Σ_t e_{id_t} g_tᵀ, G_iᵀ H_i⟩ = 2 Σ_{s,t} G_i[s, id_t] ⟨h_s, g_t⟩`` per sample -> ``(B,)``."""
-    ids, g_in = embedding_ids_grads(embedding, lookups)                                    # (B, T), (B, T, d)
-    h = torch.cat([as_sequence(c.saved[0]) for c in projections], 1)                      # (B, S, d)
-    g_out = torch.cat([as_sequence(c.grad) for c in projections], 1)                      # (B, S, V)
+def cross_sq_norms(lookups: tuple[Tensor, Tensor], projections: tuple[Tensor, Tensor]) -> Tensor:
+    """``2 ⟨Σ_t e_{id_t} g_tᵀ, G_iᵀ H_i⟩ = 2 Σ_{s,t} G_i[s, id_t] ⟨h_s, g_t⟩`` per sample -> ``(B,)``, from the
+    Embedding rule's operands ``ids: (B, T)``, ``g: (B, T, d)`` and the Linear rule's ``H: (B, S, d)``,
+    ``G: (B, S, V)``."""
+    (ids, g_in), (h, g_out) = lookups, projections
     picked = torch.gather(g_out, 2, ids.unsqueeze(1).expand(-1, g_out.shape[1], -1))     # (B, S, T)
     return 2 * (picked * torch.bmm(h, g_in.transpose(1, 2))).sum((1, 2))
 

@@ -1,0 +1,254 @@
+"""Cost of one private training step (clbench.privacy's ``dp`` callback: ghost-norm clipping + book-kept clipped sum)
+against the non-private step, opacus's per-sample-gradient mode (GradSampleModule hooks + DPOptimizer) and opacus's
+fast gradient clipping (GradSampleModuleFastGradientClipping, ghost clipping + second backward), on
+
+- ``vit``: the suite's small ViT (timm, dim 64, depth 2, 4 heads, patch 4) on 3×32×32 images, 100 classes;
+- ``seq``: a 2-block, d=64, 1-head transformer over item sequences (length 50) with vocabulary 1682 (+ padding) and
+  SHARED input/output item embeddings (``output.weight is items.weight``; the #13 seqrec shape, built here).
+
+Time: median seconds per step, the four modes interleaved step by step in ONE process (the machine is shared: ratios
+are more trustworthy than seconds). Memory: each (model, mode) runs in its own subprocess; the number is the peak
+resident memory during two steps minus the resident memory before them (CPU: the kernel's high-water mark VmHWM,
+reset through ``/proc/self/clear_refs`` before the steps), or ``max_memory_allocated`` on CUDA. Also checked and
+printed: our per-sample norms against opacus's per-sample gradients (hooks mode), and what opacus's ghost mode does
+with the shared embedding.
+
+    python benchmarks/dp_cost.py [--models vit seq] [--steps 5] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import Block
+from torch import nn
+
+from clbench.callbacks import CallbackContext
+from clbench.models.vit import vit
+from clbench.privacy import PrivateTraining, per_sample_grad_norms
+from clbench.protocol import ClassificationInfo
+
+MODES = ("nonprivate", "ours", "opacus_hooks", "opacus_ghost")
+CLIP, SIGMA = 1.0, 1.0
+
+
+class SeqModel(nn.Module):
+    """``ids (B, T) -> scores (B, T, V)``: tied item embeddings, learned positions, ``depth`` timm blocks."""
+
+    def __init__(self, vocab: int = 1683, length: int = 50, dim: int = 64, depth: int = 2, heads: int = 1) -> None:
+        super().__init__()
+        self.items = nn.Embedding(vocab, dim, padding_idx=0)
+        self.positions = nn.Embedding(length, dim)
+        self.blocks = nn.Sequential(*(Block(dim, heads) for _ in range(depth)))
+        for block in self.blocks:
+            block.attn.fused_attn = False
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+        self.output.weight = self.items.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        return self.output(self.norm(self.blocks(self.items(ids) + self.positions(positions))))
+
+
+class SeqLoss(nn.Module):
+    """Cross-entropy summed over positions per sample; ``reduction`` ``mean`` (over samples) or ``none`` (opacus
+    sets it)."""
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        per_sample = F.cross_entropy(scores.transpose(1, 2), targets, reduction="none").sum(1)
+        return per_sample if self.reduction == "none" else per_sample.mean()
+
+
+def workload(name: str, batch: int, device: torch.device):
+    """``(model, loss, x, y)`` for ``vit`` or ``seq``."""
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    if name == "vit":
+        info = ClassificationInfo(name="b", n_classes=100, classes_per_experience=(100,), input_shape=(3, 32, 32))
+        model = vit(info, embed_dim=64, depth=2, num_heads=4, patch_size=4, fused_attn=False)
+        x, y = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 100, (batch,), generator=g)
+        loss = nn.CrossEntropyLoss()
+    else:
+        model = SeqModel()
+        x, y = torch.randint(1, 1683, (batch, 50), generator=g), torch.randint(1, 1683, (batch, 50), generator=g)
+        loss = SeqLoss()
+    return model.to(device), loss, x.to(device), y.to(device)
+
+
+def make_step(mode: str, model: nn.Module, loss: nn.Module, batch: int):
+    """A function ``(x, y) -> None`` doing one training step in ``mode``."""
+    if mode == "nonprivate":
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step(x, y):
+            optimizer.zero_grad(set_to_none=True)
+            loss(model(x), y).backward()
+            optimizer.step()
+        return step
+    if mode == "ours":
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        dp = PrivateTraining(noise_multiplier=SIGMA, delta=1e-5, clip=CLIP)
+        dp.setup(CallbackContext(run_id="bench", modules=lambda: {"model": model}, n_train=batch * 100))
+        dp.batch_sampler(batch * 100, batch, 1)
+
+        def step(x, y):
+            dp.on_batch_start(x, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss(model(x), y).backward()
+            dp.after_backward(model)
+            optimizer.step()
+        return step
+    from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    if mode == "opacus_hooks":
+        wrapped = GradSampleModule(model)
+        optimizer = DPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=1e-3), noise_multiplier=SIGMA,
+                                max_grad_norm=CLIP, expected_batch_size=batch)
+
+        def step(x, y):
+            optimizer.zero_grad(set_to_none=True)
+            loss(wrapped(x), y).backward()
+            optimizer.step()
+        return step
+    wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=CLIP, use_ghost_clipping=True)
+    optimizer = DPOptimizerFastGradientClipping(torch.optim.SGD(wrapped.parameters(), lr=1e-3),
+                                                noise_multiplier=SIGMA, max_grad_norm=CLIP,
+                                                expected_batch_size=batch)
+    criterion = DPLossFastGradientClipping(wrapped, optimizer, type(loss)(reduction="mean"))
+
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        criterion(wrapped(x), y).backward()
+        optimizer.step()
+    return step
+
+
+def memory_child(name: str, mode: str, batch: int, steps: int) -> None:
+    """Run in a subprocess: print the extra peak memory (MB) of ``steps`` steps, as JSON."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, loss, x, y = workload(name, batch, device)
+    step = make_step(mode, model, loss, batch)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() / 2**20
+    else:
+        base = status_mb("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:       # resets VmHWM to the current resident size
+            f.write("5")
+    for _ in range(steps):
+        step(x, y)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else status_mb("VmHWM")
+    print(json.dumps({"extra_mb": peak - base}))
+
+
+def status_mb(key: str) -> float:
+    """``VmRSS`` (resident now) or ``VmHWM`` (peak resident) of this process, MB."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(key + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def memory(name: str, mode: str, batch: int, threads: int) -> float | str:
+    cmd = [sys.executable, __file__, "--memory-child", name, mode, "--batch", str(batch), "--threads", str(threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        return f"failed: {done.stderr.strip().splitlines()[-1][:150]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])["extra_mb"]
+
+
+def timing(name: str, batch: int, steps: int, device: torch.device) -> dict[str, float | str]:
+    """Median step time per mode, the modes interleaved step by step (one warm-up step each)."""
+    runners, failed = {}, {}
+    for mode in MODES:
+        model, loss, x, y = workload(name, batch, device)
+        try:
+            runners[mode] = (make_step(mode, model, loss, batch), x, y)
+            runners[mode][0](x, y)
+        except Exception as exc:  # noqa: BLE001 - a mode opacus cannot run is reported, not fatal
+            failed[mode] = f"failed: {type(exc).__name__}: {str(exc)[:150]}"
+            runners.pop(mode, None)
+    times = {mode: [] for mode in runners}
+    for _ in range(steps):
+        for mode, (step, x, y) in runners.items():
+            start = time.perf_counter()
+            step(x, y)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[mode].append(time.perf_counter() - start)
+    return {**{m: statistics.median(t) for m, t in times.items()}, **failed}
+
+
+def shared_embedding_check(batch: int = 8) -> dict[str, float | bool]:
+    """On the tied sequence model (small batch): our norms vs opacus's per-sample gradients (hooks mode sums the
+    two uses' per-sample gradients of the shared parameter), and opacus ghost mode's norms vs the true ones."""
+    from opacus.grad_sample import GradSampleModule
+
+    model, loss, x, y = workload("seq", batch, torch.device("cpu"))
+    per_sample = SeqLoss("none")
+    ours = per_sample_grad_norms(model, per_sample, x, y)
+    hooks = GradSampleModule(model)
+    loss(hooks(x), y).backward()
+    params = {id(p): p for p in hooks.parameters() if p.requires_grad}.values()   # the tied weight once
+    true = torch.cat([p.grad_sample.flatten(1) for p in params], 1).norm(dim=1)   # opacus rescales the mean
+    hooks._close()
+    model.zero_grad(set_to_none=True)
+    try:
+        make_step("opacus_ghost", model, loss, batch)(x, y)
+        ghost = "trained the tied model"
+    except Exception as exc:  # noqa: BLE001 - what opacus does is the result
+        ghost = f"{type(exc).__name__}: {exc}"
+    return {"ours_vs_opacus_hooks_max_rel_err": float(((ours - true).abs() / true).max()),
+            "tie_kept": model.output.weight is model.items.weight, "opacus_ghost": ghost}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["vit", "seq"], choices=["vit", "seq"])
+    parser.add_argument("--batch", type=int, default=0, help="default: 256 for vit, 64 for seq")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--memory-child", nargs=2, metavar=("MODEL", "MODE"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    if args.memory_child:
+        memory_child(*args.memory_child, args.batch, 2)
+        return
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"device {device}, torch threads {args.threads}, {args.steps} timed steps per mode (interleaved)")
+    for name in args.models:
+        batch = args.batch or {"vit": 256, "seq": 64}[name]
+        times = timing(name, batch, args.steps, device)
+        mems = {mode: memory(name, mode, batch, args.threads) for mode in MODES}
+        print(f"\n{name} (batch {batch})")
+        print(f"{'mode':<14}{'step s':>10}{'extra MB':>10}{'time/ours':>11}{'mem/ours':>10}")
+        for mode in MODES:
+            t, m = times[mode], mems[mode]
+            ratio_t = f"{t / times['ours']:.2f}" if isinstance(t, float) else "–"
+            ratio_m = f"{m / mems['ours']:.2f}" if isinstance(m, float) and isinstance(mems["ours"], float) else "–"
+            show_t = f"{t:.3f}" if isinstance(t, float) else t
+            show_m = f"{m:.0f}" if isinstance(m, float) else m
+            print(f"{mode:<14}{show_t:>10}{show_m:>10}{ratio_t:>11}{ratio_m:>10}")
+        base_t, base_m = times["nonprivate"], mems["nonprivate"]
+        print(f"ours / non-private: time {times['ours'] / base_t:.2f}x, memory {mems['ours'] / base_m:.2f}x")
+    if "seq" in args.models:
+        print("\nshared embedding:", json.dumps(shared_embedding_check()))
+
+
+if __name__ == "__main__":
+    main()
