@@ -1,4 +1,5 @@
-# make bench : create .venv if needed, install, run the quick suite (split_digits, embedded, no download)
+# make bench : create .venv if needed, install, run the quick suite (split_digits, embedded, no download; --jobs auto:
+#              one run per core, 1 torch thread each)
 # make test  : create .venv if needed, install, run the test suite
 # make lint  : ruff
 # make mutation : mutmut over the core modules, score per module + surviving mutants (docs/testing.md; slow)
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 bench: $(STAMP)
-	$(PY) run_bench.py --suite quick --threads 1
+	$(PY) run_bench.py --suite quick
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -p no:cacheprovider tests
