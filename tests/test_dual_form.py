@@ -210,6 +210,13 @@ def test_aggregations_sum_back_to_totals_and_to_the_output(tmp_path):
     assert result.by_class().shape == (6, 4) and np.allclose(result.by_class()[:, 3], 0)   # no unknown labels
     interference = result.interference(np.zeros(6, int))
     np.testing.assert_allclose(interference, result.by_experience()[:, 1] / result.total)
+    positive = result.positive_interference(np.zeros(6, int))
+    assert ((0 <= positive) & (positive <= 1)).all() and (result.positive >= result.contribution - 1e-12).all()
+    # the positive parts, brute force over all patterns
+    c = np.concatenate([(queries.numpy() @ x.T) * e_w[:, units].T + e_b[:, units].T
+                        for x, e_w, e_b, _ in values(store, store.steps(), "4")], axis=1)
+    np.testing.assert_allclose(result.positive.sum((1, 2)), np.maximum(c, 0).sum(1), atol=1e-12)
+    np.testing.assert_allclose(c.sum(1), result.total, atol=1e-12)
     # top-k: the largest α_t over all patterns, brute force
     x = np.concatenate([c[0] for c in store.chunks("4")]).astype(np.float64)
     alpha = queries.numpy() @ x.T

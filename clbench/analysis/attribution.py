@@ -10,7 +10,9 @@ Aggregates are sums over the patterns of one training experience and label (``(n
 unknown — in the last column): per class and per experience they are marginals of the same table, so every
 aggregation sums back to the total. ``interference`` of a query from experience ``j`` is the share of the learned part
 of its predicted logit that comes from patterns of other experiences: ``Σ_{t ∉ j} c_t / Σ_t c_t`` (signed; it can
-leave [0, 1] when contributions cancel).
+leave [0, 1] when contributions cancel, and the learned part of a logit is often a small sum of large terms of both
+signs), and ``positive_interference`` the same over the positive parts only: ``Σ_{t ∉ j} c_t⁺ / Σ_t c_t⁺`` in
+[0, 1] — the share of the evidence FOR the predicted logit that comes from other experiences.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from clbench.analysis.store import PatternStore
 class Attribution:
     """Results for ``n`` queries over ``E`` experiences and ``C`` labels (+1 column: unknown label).
 
-    ``contribution[q, e, c]`` = Σ c_t and ``attention[q, e, c]`` = Σ α_t over patterns of experience e with label c;
+    ``contribution[q, e, c]`` = Σ c_t, ``positive[q, e, c]`` = Σ max(c_t, 0) and ``attention[q, e, c]`` = Σ α_t
+    over patterns of experience e with label c;
     ``total[q]`` = Σ_t c_t; ``initial[q]`` = (W_0 x + b_0)[o]; ``top_index/top_alpha (n, k)``: the k patterns with the
     largest α_t (``top_meta (n, k, 5)``: their step, experience, sample, label, token); ``kept_fraction``: the
     store's sample fraction (1 = exact)."""
 
     units: np.ndarray
     contribution: np.ndarray
+    positive: np.ndarray
     attention: np.ndarray
     total: np.ndarray
     initial: np.ndarray
@@ -55,6 +59,13 @@ class Attribution:
         own = per_exp[np.arange(len(per_exp)), query_experience]
         return (self.total - own) / self.total
 
+    def positive_interference(self, query_experience: np.ndarray) -> np.ndarray:
+        """``(n,)``: share of Σ_t max(c_t, 0) from patterns of experiences other than each query's own, in [0, 1]."""
+        per_exp = self.by_experience("positive")
+        own = per_exp[np.arange(len(per_exp)), query_experience]
+        total = per_exp.sum(axis=1)
+        return (total - own) / total
+
 
 def _shape(store: PatternStore, layer: str) -> tuple[int, int]:
     n_exp = n_lab = 0
@@ -71,6 +82,7 @@ def attribute(store: PatternStore, layer: str, queries: np.ndarray, units: np.nd
     n = len(queries)
     n_exp, n_lab = _shape(store, layer)
     contribution = np.zeros((n, n_exp, n_lab + 1))
+    positive = np.zeros((n, n_exp, n_lab + 1))
     attention = np.zeros((n, n_exp, n_lab + 1))
     top_alpha = np.full((n, 0), -np.inf)
     top_meta = np.zeros((n, 0, 5), np.int64)
@@ -82,6 +94,7 @@ def attribute(store: PatternStore, layer: str, queries: np.ndarray, units: np.nd
         onehot = np.zeros((len(meta), n_exp * (n_lab + 1)))
         onehot[np.arange(len(meta)), group] = 1.0
         contribution += (c @ onehot).reshape(n, n_exp, n_lab + 1)
+        positive += (np.maximum(c, 0) @ onehot).reshape(n, n_exp, n_lab + 1)
         attention += (alpha @ onehot).reshape(n, n_exp, n_lab + 1)
         k = min(top_k, alpha.shape[1])
         best = np.argpartition(-alpha, k - 1, axis=1)[:, :k] if k < alpha.shape[1] else np.tile(
@@ -92,7 +105,7 @@ def attribute(store: PatternStore, layer: str, queries: np.ndarray, units: np.nd
         top_alpha, top_meta = merged_alpha[rows, order], merged_meta[rows, order]
     w0, b0 = store.initial(layer)
     initial = (queries @ w0.astype(np.float64).T)[np.arange(n), units] + (0 if b0 is None else b0[units])
-    return Attribution(units=np.asarray(units), contribution=contribution, attention=attention,
+    return Attribution(units=np.asarray(units), contribution=contribution, positive=positive, attention=attention,
                        total=contribution.sum(axis=(1, 2)), initial=initial, top_alpha=top_alpha, top_meta=top_meta,
                        kept_fraction=store.fraction)
 

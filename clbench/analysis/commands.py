@@ -148,13 +148,15 @@ def dual_form_report(args: argparse.Namespace) -> int:
     rows, class_rows = [], []
     for j, ((result, pred), q) in enumerate(zip(results, queries)):
         share = result.interference(np.full(len(pred), j))
+        positive = result.positive_interference(np.full(len(pred), j))
         per_exp = result.by_experience()
         for outcome, mask in (("correct", pred == q["labels"]), ("misclassified", pred != q["labels"]),
                               ("all", np.ones(len(pred), bool))):
             if not mask.any():
                 continue
             rows.append([j, outcome, int(mask.sum()), *np.round(per_exp[mask].mean(0), 6),
-                         round(float(np.median(share[mask])), 4), round(float(share[mask].mean()), 4), f])
+                         round(float(np.median(share[mask])), 4), round(float(share[mask].mean()), 4),
+                         round(float(positive[mask].mean()), 4), f])
         for label in range(n_lab):
             for outcome, mask in (("correct", pred == q["labels"]), ("misclassified", pred != q["labels"])):
                 mask = mask & (q["labels"] == label)
@@ -167,13 +169,14 @@ def dual_form_report(args: argparse.Namespace) -> int:
                                            round(float(result.attention[mask, e, c].mean()), 4), f])
     _write_csv(out / "interference.csv", ["query_experience", "outcome", "n", *[f"contribution_from_exp{e}"
                                                                                 for e in range(n_exp)],
-                                          "median_interference_share", "mean_interference_share", "kept_fraction"],
+                                          "median_interference_share", "mean_interference_share",
+                                          "mean_positive_interference_share", "kept_fraction"],
                rows)
     _write_csv(out / "attention_by_class.csv", ["query_experience", "true_label", "outcome", "n", "train_experience",
                                                 "train_label", "train_class", "mean_contribution", "mean_attention",
                                                 "kept_fraction"], class_rows)
     summary["interference"] = [dict(zip(["query_experience", "outcome", "n"], r[:3])) | {
-        "median_share": r[-3], "mean_share": r[-2]} for r in rows]
+        "median_share": r[-4], "mean_share": r[-3], "mean_positive_share": r[-2]} for r in rows]
 
     # misclassified queries of the first experience: which classes of later experiences pull them
     result, pred = results[0]
@@ -185,7 +188,8 @@ def dual_form_report(args: argparse.Namespace) -> int:
             mask = wrong & (labels == label)
             if not mask.any():
                 continue
-            later = result.contribution[mask, 1:, :n_lab].mean(0)           # (E-1, C)
+            cells = result.contribution[mask, :, :n_lab].mean(0)              # (E, C) mean over the queries
+            later = cells[1:]
             e, c = np.unravel_index(later.argmax(), later.shape)
             att = result.attention[mask, 1:, :n_lab].mean(0)
             ea, ca = np.unravel_index(att.argmax(), att.shape)
@@ -193,15 +197,17 @@ def dual_form_report(args: argparse.Namespace) -> int:
             mis_rows.append([label, int(mask.sum()), int(predicted.argmax()),
                              names[1][int(predicted.argmax())] if n_exp > 1 else "",
                              int(e) + 1, int(c), names[int(e) + 1][int(c)],
-                             round(float(later[e, c] / result.total[mask].mean()), 4),
+                             round(float(later[e, c]), 4), round(float(later[e, c] / np.maximum(cells, 0).sum()), 4),
                              names[int(ea) + 1][int(ca)], f])
     _write_csv(out / "misclassified_attention.csv",
                ["true_label", "n_misclassified", "most_predicted_label", "most_predicted_as_exp1_class",
-                "top_experience", "top_class_label", "top_class", "top_class_share_of_learned_logit",
+                "top_experience", "top_class_label", "top_class", "top_class_mean_contribution",
+                "top_class_share_of_positive_class_contributions",
                 "top_class_by_attention_mass", "kept_fraction"], mis_rows)
     summary["misclassified_first_experience"] = [dict(zip(["true_label", "n", "predicted", "predicted_as",
                                                            "pulled_by_experience", "pulled_by_label",
-                                                           "pulled_by_class", "share"], r[:8])) for r in mis_rows]
+                                                           "pulled_by_class", "contribution", "share_of_positive"],
+                                                          r[:9])) for r in mis_rows]
 
     # examples: top patterns and per-class contributions
     examples = np.flatnonzero(wrong)[: args.examples]
