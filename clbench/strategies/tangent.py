@@ -53,7 +53,7 @@ class FineTuneConfig:
     model_args: dict = field(default_factory=lambda: {"embed_dim": 128, "depth": 4, "num_heads": 4,
                                                       "patch_size": 4})
     init: str | None = None            # local checkpoint of the linearization point (run_bench.py pretrain)
-    last_blocks: int = 1               # k: blocks that are fine-tuned (TAFT-1 / NLFT-1 of the paper)
+    last_blocks: int = 1               # k: blocks that are fine-tuned (TAFT-1 / NLFT-1 of the paper; 0: head only)
     reset: bool = False                # re-initialize the last k blocks before fine-tuning
     loss: str = "mse"                  # mse (rescaled square loss) | ce
     alpha: float = 1.0
@@ -76,8 +76,8 @@ class FineTuneConfig:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
-        if self.n_shards < 1 or self.epochs < 1 or self.last_blocks < 1:
-            raise ValueError("n_shards, epochs and last_blocks must be positive")
+        if self.n_shards < 1 or self.epochs < 1 or self.last_blocks < 0:
+            raise ValueError("n_shards and epochs must be positive, last_blocks >= 0 (0: final norm + head only)")
         self.lr_milestones = tuple(int(m) for m in self.lr_milestones)
 
     @property
