@@ -108,3 +108,52 @@ def test_run_specs_carry_device_and_amp_in_scenario_strategy_seed_order():
     assert len(specs) == 3 * 3 * 2 and all(s.device == "cpu" and s.amp for s in specs)
     assert [s.run_id for s in specs[:4]] == ["syn_a__rp__s0", "syn_a__rp__s1", "syn_a__naive__s0", "syn_a__naive__s1"]
     assert parse_suite(TWO).run_specs()[0].device == "auto" and not parse_suite(TWO).run_specs()[0].amp
+
+
+@pytest.mark.parametrize("data, message", [
+    ({**GOOD, "strategies": [{"name": "replay", "args": {"lrr": 1}}]},
+     "bad.yaml: strategies[0] (replay): args: unknown key 'lrr'. Did you mean 'lr'? Allowed keys: model, model_args, "),
+    ({**GOOD, "strategies": [{"name": "naive", "args": {"model": "mlp", "model_args": [8]}}]},
+     "bad.yaml: strategies[0] (naive): args.model_args: expected a dict, got [8]"),
+    ({**GOOD, "strategies": [{"name": "naive", "args": {"model": "mlp", "model_args": {"hiden": [8]}}}]},
+     "bad.yaml: strategies[0] (naive): args.model_args: unknown key 'hiden'. Did you mean 'hidden'? Allowed keys: "),
+    ({**GOOD, "strategies": [{"name": "naive", "args": {"head": "autoo"}}]},
+     "bad.yaml: strategies[0] (naive): args.head: unknown head 'autoo'. Did you mean 'auto'? Choose one of: auto, "),
+    ({**GOOD, "scenarios": [{"name": "synthetic", "args": {"n_classes": "four"}}]},
+     "bad.yaml: scenarios[0] (synthetic): args.n_classes: expected an int, got 'four'"),
+])
+def test_error_messages_name_file_entry_key_suggestion_and_choices(data, message):
+    """The messages are the interface: the exact start of each (file, entry, key, suggestion, what is allowed)."""
+    with pytest.raises(ConfigError) as info:
+        parse_suite(data, "bad.yaml")
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_suggestions_list_at_most_two_close_names_joined_by_or():
+    from clbench.config import _suggest
+
+    close = _suggest("mem_sise", ["mem_size", "mem_sizes", "mem_sizer", "lr"])
+    assert close == " Did you mean 'mem_size' or 'mem_sizes'?"
+    assert _suggest("abc", ["abd", "xyz"]) == " Did you mean 'abd'?"
+    assert _suggest("qqqq", ["abd", "xyz"]) == ""
+    assert _suggest("abcdef", ["abcxyz"]) == " Did you mean 'abcxyz'?"        # ratio 0.5: the cutoff is inclusive
+
+
+def test_model_args_of_a_named_model_are_typed_by_its_signature_and_auto_accepts_any_models_keys():
+    config = build_config("naive", "cpu", {"model": "mlp", "model_args": {"hidden": [16, 8]}})
+    assert config.model_args == {"hidden": (16, 8)}
+    with pytest.raises(ConfigError, match=r"model_args\.hidden: expected"):
+        build_config("naive", "cpu", {"model": "mlp", "model_args": {"hidden": "wide"}})
+    auto = build_config("naive", "cpu", {"model_args": {"embed_dim": 16}})      # a vit key: some model takes it
+    assert auto.model_args == {"embed_dim": 16}
+
+
+def test_suite_paths_by_suffix_or_existing_file(tmp_path):
+    from clbench.config import resolve_suite_path
+
+    with pytest.raises(ConfigError, match=r"^suite file .*missing\.yml does not exist\.$"):
+        resolve_suite_path(str(tmp_path / "missing.yml"))
+    plain = tmp_path / "suite_without_suffix"
+    plain.write_text(yaml.safe_dump(GOOD))
+    assert resolve_suite_path(str(plain)) == plain and load_suite(plain).name == "s"
+    assert resolve_suite_path("quick") == shipped_suites()["quick"]

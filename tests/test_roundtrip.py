@@ -232,3 +232,41 @@ def test_parse_suite_keeps_labels_presets_seeds_and_coerced_args():
         (StrategyEntry("replay", {"lr": 0.001, "mem_size": 9}, "r", "cpu", ({"name": "hook_trace", "args": {}},)),
          StrategyEntry("naive")), (3, 1), "d", "hand.yaml")
     assert isinstance(spec.strategies[0].args["lr"], float) and math.isclose(spec.strategies[0].args["lr"], 1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------- dp
+def _dp_suite(**strategy) -> dict:
+    return {"suite": "dp", "scenarios": ["synthetic"], "strategies": [{"name": "naive", **strategy}]}
+
+
+def test_a_dp_block_becomes_the_dp_callback_after_the_entrys_callbacks_and_enters_the_identity():
+    """``dp: {...}`` reaches the StrategyEntry as the last callback ``{name: dp, args: the block}``, survives
+    to_dict/from_dict, and is part of the identity (another budget is another run)."""
+    entry = config.parse_suite(_dp_suite(callbacks=["hook_trace"], dp={"epsilon": 3.0, "clip": 0.5}), "dp.yaml")
+    strategy = entry.strategies[0]
+    assert strategy.callbacks == ({"name": "hook_trace", "args": {}},
+                                  {"name": "dp", "args": {"epsilon": 3.0, "clip": 0.5}})
+    spec = entry.run_specs()[0]
+    assert RunSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    other = config.parse_suite(_dp_suite(callbacks=["hook_trace"], dp={"epsilon": 8.0, "clip": 0.5})).run_specs()[0]
+    assert config.config_hash(other.identity()) != config.config_hash(spec.identity())
+
+
+@pytest.mark.parametrize("dp, message", [
+    (3, "dp.yaml: strategies[0] (naive).dp: expected a mapping like {epsilon: 3.0, clip: 1.0}, got 3."),
+    ({"epsilon": -1.0}, "dp.yaml: strategies[0] (naive): dp: epsilon must be a finite number > 0, got -1.0."),
+    ({"epsilon": 1.0, "clip": 0.0}, "dp.yaml: strategies[0] (naive): dp: clip (the clipping norm R) must be > 0, "
+                                    "got 0.0."),
+])
+def test_a_bad_dp_block_is_one_line_naming_file_entry_and_key(dp, message):
+    with pytest.raises(config.ConfigError) as info:
+        config.parse_suite(_dp_suite(dp=dp), "dp.yaml")
+    assert str(info.value) == message
+
+
+def test_dp_is_refused_for_a_strategy_whose_epsilon_cannot_be_accounted():
+    data = _dp_suite(dp={"epsilon": 1.0})
+    data["strategies"][0]["name"] = "replay"
+    with pytest.raises(config.ConfigError, match=r"^dp\.yaml: strategies\[0\] \(replay\): dp: strategy 'replay' is "
+                                                 r"not known to use each sample in one training call only"):
+        config.parse_suite(data, "dp.yaml")
