@@ -73,7 +73,7 @@ class SequentialRecommender(StrategyBase):
     """SASRec-style next-item transformer, shared embeddings, vanilla attention or Re-Attention."""
 
     Config = SeqRecConfig
-    PRESETS = {"cpu": {"epochs": 8, "batch_size": 128}, "full": {}}
+    PRESETS = {"cpu": {"epochs": 10, "batch_size": 128, "lr": 1e-2}, "full": {}}
 
     def __init__(self, info: ScenarioInfo, device: torch.device, config: SeqRecConfig) -> None:
         super().__init__(info, device, config)
