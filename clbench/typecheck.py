@@ -67,7 +67,7 @@ RANGES: dict[str, Range] = {
     "temperature": POSITIVE, "kd_tau": POSITIVE, "decay_factor": Range(0, 1, open_low=True), "lr_decay": POSITIVE,
     "weight_decay": NON_NEGATIVE, "alpha": NON_NEGATIVE, "beta": NON_NEGATIVE, "ridge": NON_NEGATIVE,
     "kappa": POSITIVE, "depth": AT_LEAST_1, "num_heads": AT_LEAST_1, "embed_dim": AT_LEAST_1,
-    "width": AT_LEAST_1, "hidden": AT_LEAST_1, "last_blocks": AT_LEAST_1, "seed": NON_NEGATIVE,
+    "width": AT_LEAST_1, "hidden": AT_LEAST_1, "last_blocks": NON_NEGATIVE, "seed": NON_NEGATIVE,
 }
 RANGE_SUFFIXES: tuple[tuple[str, Range], ...] = (
     ("_epochs", NON_NEGATIVE), ("_size", AT_LEAST_1), ("_lr", NON_NEGATIVE), ("_lambda", NON_NEGATIVE),
