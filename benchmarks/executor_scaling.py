@@ -3,8 +3,9 @@
 scheduling overhead over the local executor.
 
 The suite: ``naive`` (cpu preset, MLP) on the ``synthetic`` scenario, 8 seeds (8 runs), sized by ``--size``:
-``smoke`` (seconds; checks the script, its timings mean nothing) or ``full`` (about 10 s of training per run on one
-quiet core of the 2-core development machine). Every configuration reruns all 8 runs (``force``) into a fresh folder
+``smoke`` (about a second per run; checks the script, its timings mean little) or ``full`` (one run took about 12 s
+of CPU time for training and evaluation on the 2-core development machine: 23 s of process CPU time including ~10 s
+of imports). Every configuration reruns all 8 runs (``force``) into a fresh folder
 and is timed from submission to the last record, worker start-up included (processes for ``--jobs 2``, Ray workers;
 a Ray cluster's own start is not counted: it is started before and shut down after each Ray measurement). The four
 configurations alternate within each of ``--repeats`` rounds, and the median per configuration is reported, so that
@@ -17,7 +18,7 @@ Prints the wall times and:
   2 cores);
 - Ray's overhead per run ``(T(ray, 1 CPU) - T(jobs 1)) / 8`` (target <= 2 s): both run one run at a time.
 
-    python benchmarks/executor_scaling.py --size full [--repeats 3]      # on a quiet machine
+    python benchmarks/executor_scaling.py --size full [--repeats 3]      # on a quiet machine (several minutes a round)
     python benchmarks/executor_scaling.py --size smoke --repeats 1       # does it work
 """
 

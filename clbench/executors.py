@@ -44,7 +44,7 @@ from clbench import records as record_files
 from clbench.callbacks import CALLBACKS
 from clbench.config import RunSpec, config_hash
 from clbench.environment import environment, resolve_device
-from clbench.registry import SCENARIOS, STRATEGIES, Registry
+from clbench.registry import SCENARIOS, STRATEGIES, Registry, load_plugins
 from clbench.runner import RunRecord, record_path, run
 from clbench.workers import WorkerLost, WorkerPool
 
@@ -152,11 +152,12 @@ class WorkerSetup:
         configure(**self.data)
         if self.threads:
             torch.set_num_threads(self.threads)
-        warnings.filters[:] = list(self.warning_filters)
         logging.basicConfig(level=self.log_level, format="%(levelname)s %(message)s")
         progress.set_enabled(False)          # the driver shows one bar for the runs
+        load_plugins()
         for module in self.modules:
             importlib.import_module(module)
+        warnings.filters[:] = list(self.warning_filters)     # after the imports: some libraries add their own
         # records carry the fingerprints the driver took when the suite started, as a sequential suite's do
         # (computed once per process), so that resume compares like with like even if files change meanwhile
         original = getattr(fingerprint.code_fingerprint, "keywords", {}).get("fallback", fingerprint.code_fingerprint)
