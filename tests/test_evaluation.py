@@ -1,10 +1,17 @@
 """The shared evaluation routine against hand-computed accuracy matrices."""
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
 import tests._fakes  # noqa: F401  (registers the fake strategies)
+from clbench import protocol
 from clbench.config import RunSpec, ScenarioEntry, StrategyEntry
+from clbench.errors import NonFiniteLossError
+from clbench.evaluation import AccuracyEvaluator, RankingEvaluator
 from clbench.runner import run
 
 ARGS = {"n_classes": 6, "n_experiences": 3, "train_per_class": 4, "test_per_class": 10}
@@ -46,3 +53,107 @@ def test_record_json_layout(tmp_path):
     assert data["env"]["packages"]["torch"] == torch.__version__.split("+")[0]
     assert set(data["metrics"]) >= {"avg_inc_acc", "last_acc", "forgetting", "bwt", "params_M", "train_s",
                                      "eval_s", "peak_mem_MB"}
+
+
+# ------------------------------------------------------------------------------- the evaluator on fixed predictions
+
+
+class Fixed(protocol.StrategyBase):
+    """Returns ``logits`` (one row, repeated) for every input; counts the samples it was asked about."""
+
+    Config = dict
+
+    def __init__(self, logits):
+        super().__init__(protocol.ClassificationInfo("fixed", n_classes=4, classes_per_experience=(2, 2)), "cpu", {})
+        self.logits, self.seen = torch.tensor(logits), 0
+
+    def predict(self, x, task_labels):
+        self.seen += len(x)
+        return self.logits.expand(len(x), -1) if self.logits.ndim == 1 else self.logits
+
+    def num_parameters(self):
+        return protocol.ParamCount(0, 0)
+
+
+def _experience(labels, task=0):
+    y = torch.tensor(labels)
+    data = TensorDataset(torch.zeros(len(y), 1), y, torch.full_like(y, task))
+    data.eval = lambda: data
+    return SimpleNamespace(dataset=data)
+
+
+def _scenario(batch_size=2, **info):
+    info = protocol.ClassificationInfo("c", n_classes=4, classes_per_experience=(2, 2), **info)
+    test_stream = [_experience([1, 1, 0]), _experience([2, 3], task=1)]
+    return protocol.Scenario(info, [], test_stream, AccuracyEvaluator(batch_size))
+
+
+CPU = torch.device("cpu")
+
+
+def test_class_incremental_argmax_is_over_the_seen_classes_and_future_experiences_are_zero_unrun():
+    """After step 0 only classes 0-1 compete (class 2's high score is ignored), experience 1 is 0 exactly and the
+    model is not run on it; after step 1 every class competes. Counts add up across batches (batch 2, 3 samples)."""
+    scenario, strategy = _scenario(), Fixed([0.1, 0.9, 5.0, 0.0])
+    row = scenario.evaluator(strategy, scenario, 0, CPU)
+    assert row.rows == {"accuracy": [2 / 3, 0.0]} and row.sizes == [3, 2] and strategy.seen == 3
+    row = scenario.evaluator(strategy, scenario, 1, CPU)
+    assert row.rows == {"accuracy": [0.0, 0.5]} and row.sizes == [3, 2]
+
+
+def test_task_incremental_argmax_is_within_the_task_and_future_tasks_are_run():
+    """With the task label given, experience j is scored over its own classes (labels offset by the range start):
+    experience 1's columns 2-3 give class 2; a future task is evaluated, not zeroed."""
+    scenario, strategy = _scenario(task_aware=True), Fixed([0.1, 0.9, 5.0, 0.0])
+    row = scenario.evaluator(strategy, scenario, 0, CPU)
+    assert row.rows == {"accuracy": [2 / 3, 0.5]} and strategy.seen == 5
+
+
+def test_domain_incremental_scores_the_shared_labels_on_every_experience():
+    """Domain-incremental: every experience uses labels 0-1; future experiences are evaluated with the model."""
+    info = protocol.ClassificationInfo("d", n_classes=2, classes_per_experience=(2, 2), domain_incremental=True)
+    scenario = protocol.Scenario(info, [], [_experience([1, 1, 0]), _experience([1, 0])], AccuracyEvaluator(512))
+    strategy = Fixed([0.1, 0.9, 5.0, 0.0])
+    row = scenario.evaluator(strategy, scenario, 0, CPU)
+    assert row.rows == {"accuracy": [2 / 3, 0.5]} and row.sizes == [3, 2] and strategy.seen == 5
+
+
+@pytest.mark.parametrize("logits, error, message", [
+    ([[0.0, 1.0]] * 3, protocol.StrategyContractError,
+     "Fixed.predict returned shape (3, 2) for 3 inputs; at least 4 columns must be scored on test experience 0 "
+     "after step 1."),
+    ([[0.0, 1.0, 0.0, 0.0]] * 2, protocol.StrategyContractError,
+     "Fixed.predict returned shape (2, 4) for 3 inputs; at least 4 columns must be scored on test experience 0 "
+     "after step 1."),
+    ([0.0, float("nan"), 0.0, 0.0], NonFiniteLossError,
+     "non-finite value (nan) in predictions on test experience 0 after step 1. Lower the learning rate"),
+])
+def test_malformed_predictions_stop_the_run_with_one_line(logits, error, message):
+    scenario = _scenario(batch_size=512)
+    with pytest.raises(error) as info:
+        scenario.evaluator(Fixed(logits), scenario, 1, CPU)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_only_the_scored_columns_must_be_finite():
+    """A NaN in a column outside the allowed classes (an unseen class) does not matter."""
+    scenario = _scenario()
+    row = scenario.evaluator(Fixed([0.1, 0.9, float("nan"), float("inf")]), scenario, 0, CPU)
+    assert row.rows["accuracy"] == [2 / 3, 0.0]
+
+
+def test_ranking_at_the_cut_off_and_across_batches_and_experiences():
+    """Rank k-1 is inside the top k, rank k is not; the sums run over batches (batch 2) and each experience is
+    averaged over its own samples."""
+    from tests._ranking import Windows
+
+    scores = [float(11 - i) for i in range(12)]               # item i has rank i
+    first = Windows(torch.zeros(3, 2, dtype=torch.long), torch.tensor([9, 10, 0]), 0)
+    second = Windows(torch.zeros(1, 2, dtype=torch.long), torch.tensor([1]), 1)
+    evaluator = RankingEvaluator(12, k=10, batch_size=2)
+    scenario = protocol.Scenario(protocol.ClassificationInfo("r", n_classes=12, classes_per_experience=(12,)), [],
+                        [SimpleNamespace(dataset=first), SimpleNamespace(dataset=second)], evaluator)
+    row = evaluator(Fixed(scores), scenario, 0, CPU)
+    assert [s.name for s in evaluator.specs] == ["ndcg@10", "hit@10"] and evaluator.specs[0].primary
+    assert row.rows["hit@10"] == [pytest.approx(2 / 3), 1.0] and row.sizes == [3, 1]
+    assert row.rows["ndcg@10"] == [pytest.approx((1 / np.log2(11) + 1.0) / 3), pytest.approx(1 / np.log2(3))]
