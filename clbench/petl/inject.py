@@ -67,7 +67,7 @@ class LinearHook(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         out = self.base(x)
         lora = self.slot.module(self.layer, self.key)
-        return out if lora is None or self.slot.merged else out + lora(x)
+        return out if lora is None or self.slot.merged else lora(out, x)
 
     @torch.no_grad()
     def merge(self) -> None:

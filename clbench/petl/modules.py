@@ -56,7 +56,8 @@ class LoRA(nn.Module):
     """Low-rank update of a Linear ``W: (out, in)`` on some of its output rows: for each target ``t`` (rows
     ``segments[t] = (start, stop)``), ``Δy[..., start:stop] = s · x A_t^T B_t^T`` with ``A_t: (r, in)`` (Kaiming
     uniform, as LoRA) and ``B_t: (stop - start, r)`` = 0; other rows get 0. :meth:`delta_weight` is the merged
-    ``ΔW`` with ``W x + Δy = (W + ΔW) x``.
+    ``ΔW`` with ``W x + Δy = (W + ΔW) x``. ``Δy`` is added in place to the base layer's fresh output (no
+    full-width zero blocks), which keeps unmerged inference cheap.
 
     timm's fused ``qkv`` Linear ``(3d, d)`` with LoRA on ``W_q`` and ``W_v``: ``segments = ((0, d), (2d, 3d))``."""
 
@@ -70,35 +71,24 @@ class LoRA(nn.Module):
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.B = nn.Parameter(torch.zeros(sum(stop - start for start, stop in segments), r))
 
-    def _pieces(self, per_target: list[Tensor], width_dim: int) -> list[Tensor]:
-        """Target blocks in row order with zero blocks for the untouched rows (along ``width_dim``)."""
-        out, pos = [], 0
-        for (start, stop), block in zip(self.segments, per_target):
-            if start > pos:
-                shape = list(block.shape)
-                shape[width_dim] = start - pos
-                out.append(block.new_zeros(shape))
-            out.append(block)
-            pos = stop
-        if pos < self.out_features:
-            shape = list(per_target[-1].shape)
-            shape[width_dim] = self.out_features - pos
-            out.append(per_target[-1].new_zeros(shape))
-        return out
-
     def _b_blocks(self) -> tuple[Tensor, ...]:
         return self.B.split([stop - start for start, stop in self.segments])
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``Δy``: ``(..., in) -> (..., out)``."""
+    def forward(self, out: Tensor, x: Tensor) -> Tensor:
+        """``out + Δy``: adds ``Δy`` in place to the target rows of ``out = W x + b`` ``(..., out)`` (the other
+        rows are left as they are); ``x: (..., in)``."""
         low = F.linear(x, self.A).split(self.r, dim=-1)                     # (..., r) per target
-        per_target = [self.scale * F.linear(h, b) for h, b in zip(low, self._b_blocks())]
-        return torch.cat(self._pieces(per_target, -1), dim=-1)
+        for (start, stop), h, b in zip(self.segments, low, self._b_blocks()):
+            out[..., start:stop] += self.scale * F.linear(h, b)
+        return out
 
+    @torch.no_grad()
     def delta_weight(self) -> Tensor:
         """``ΔW = s · B_t A_t`` on each target's rows, 0 elsewhere: ``(out, in)``."""
-        per_target = [self.scale * b @ a for a, b in zip(self.A.split(self.r), self._b_blocks())]
-        return torch.cat(self._pieces(per_target, 0), dim=0)
+        delta = self.A.new_zeros(self.out_features, self.in_features)
+        for (start, stop), a, b in zip(self.segments, self.A.split(self.r), self._b_blocks()):
+            delta[start:stop] = self.scale * b @ a
+        return delta
 
 
 class PrefixBank(nn.Module):
