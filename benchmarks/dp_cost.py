@@ -241,9 +241,11 @@ def main() -> None:
             t, m = times[mode], mems[mode]
             ratio_t = f"{t / times['ours']:.2f}" if isinstance(t, float) else "–"
             ratio_m = f"{m / mems['ours']:.2f}" if isinstance(m, float) and isinstance(mems["ours"], float) else "–"
-            show_t = f"{t:.3f}" if isinstance(t, float) else t
+            if not isinstance(t, float):
+                print(f"{mode:<14}{t}")
+                continue
             show_m = f"{m:.0f}" if isinstance(m, float) else m
-            print(f"{mode:<14}{show_t:>10}{show_m:>10}{ratio_t:>11}{ratio_m:>10}")
+            print(f"{mode:<14}{t:>10.3f}{show_m:>10}{ratio_t:>11}{ratio_m:>10}")
         base_t, base_m = times["nonprivate"], mems["nonprivate"]
         print(f"ours / non-private: time {times['ours'] / base_t:.2f}x, memory {mems['ours'] / base_m:.2f}x")
     if "seq" in args.models:
