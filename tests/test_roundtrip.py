@@ -270,3 +270,25 @@ def test_dp_is_refused_for_a_strategy_whose_epsilon_cannot_be_accounted():
     with pytest.raises(config.ConfigError, match=r"^dp\.yaml: strategies\[0\] \(replay\): dp: strategy 'replay' is "
                                                  r"not known to use each sample in one training call only"):
         config.parse_suite(data, "dp.yaml")
+
+
+def test_a_record_spec_without_callbacks_reads_back_with_none():
+    """Records written before callbacks existed have no ``callbacks`` key in their spec's strategy."""
+    d = _base().to_dict()
+    del d["strategy"]["callbacks"]
+    assert RunSpec.from_dict(d).strategy.callbacks == ()
+
+
+def test_code_fingerprint_is_that_of_the_specs_strategy_and_scenario():
+    from clbench.fingerprint import code_fingerprint
+
+    spec = _base()
+    assert spec.code_fingerprint() == code_fingerprint("replay", "synthetic")
+    assert len(spec.code_fingerprint()) == 16
+
+
+def test_a_dp_block_with_an_unknown_key_names_the_dp_entry():
+    with pytest.raises(config.ConfigError) as info:
+        config.parse_suite(_dp_suite(dp={"epsilom": 1.0}), "dp.yaml")
+    assert str(info.value).startswith("dp.yaml: strategies[0] (naive).dp[0].args (callback 'dp'): unknown key "
+                                      "'epsilom'. Did you mean 'epsilon'?"), str(info.value)
