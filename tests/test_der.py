@@ -243,7 +243,9 @@ def test_learns_new_tasks_and_keeps_old_ones_on_split_digits(digits):
 def test_paper_defaults_and_schedules():
     cfg = build_config("der")
     assert (cfg.model, cfg.mem_size, cfg.memory, cfg.batch_size, cfg.lr, cfg.weight_decay) == \
-        ("resnet18", 2000, "herding", 128, 0.1, 5e-4)
+        ("auto", 2000, "herding", 128, 0.1, 5e-4)
+    assert build_config("der", None, {"first_epochs": None, "epochs": 7}).first_epochs is None
+    assert task_phase(build_config("der", None, {"first_epochs": None, "epochs": 7}), 0).epochs == 7
     assert (cfg.epochs, cfg.milestones, cfg.first_epochs, cfg.aux_lambda) == (170, (100, 120), 200, 1.0)
     assert (cfg.correction, cfg.retrain_epochs, cfg.retrain_temperature) == ("retrain", 30, 5.0)
     phase = task_phase(cfg, 1)

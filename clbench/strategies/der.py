@@ -67,9 +67,11 @@ from clbench.training import OPTIMIZERS
 # ------------------------------------------------------------------------------------------------------- config
 @dataclass
 class DERConfig:
-    """Hyperparameters; the defaults are the official CIFAR-100 B0 setting (the ``full`` preset)."""
+    """Hyperparameters; the defaults are the official CIFAR-100 B0 schedule (the ``full`` preset). The backbone is
+    the scenario's unless ``model`` names one: the official CIFAR extractor is ``model: resnet18`` (suite
+    ``der_full``)."""
 
-    model: str = "resnet18"                      # a MODELS name for every F_t ("auto": the scenario's default)
+    model: str = "auto"                          # a MODELS name for every F_t ("auto": the scenario's default)
     model_args: dict = field(default_factory=dict)
     init: str | None = None                      # local checkpoint loaded into F_1
     copy_old_classifier: bool = True             # copy W_H's old block when it is rebuilt
@@ -77,7 +79,7 @@ class DERConfig:
     memory: str = "herding"                      # a kind in clbench.cl.MEMORIES
     epochs: int = 170                            # per task t > 1
     milestones: tuple[int, ...] = (100, 120)     # lr × lr_decay at these epochs
-    first_epochs: int = 200                      # task 1 (official "pretrain" stage)
+    first_epochs: int | None = 200               # task 1 (official "pretrain" stage); None: same as ``epochs``
     first_milestones: tuple[int, ...] = (60, 120, 160)
     lr_decay: float = 0.1
     warmup_epochs: int = 10                      # linear warm-up from 0 (tasks t > 1)
@@ -106,7 +108,7 @@ class DERConfig:
             raise ValueError(f"correction must be one of {sorted(CORRECTIONS)}, got {self.correction!r}")
         if self.memory not in MEMORIES.names():
             raise ValueError(f"memory must be one of {MEMORIES.names()}, got {self.memory!r}")
-        if min(self.epochs, self.first_epochs, self.batch_size) < 1 or self.retrain_epochs < 0:
+        if min(self.epochs, self.first_epochs or 1, self.batch_size) < 1 or self.retrain_epochs < 0:
             raise ValueError("epochs, first_epochs and batch_size must be positive, retrain_epochs >= 0")
         if self.prune_s_max <= 1 or self.prune_lambda < 0 or self.prune_init <= 0:
             raise ValueError("prune_s_max must be > 1, prune_lambda >= 0 and prune_init > 0")
@@ -119,7 +121,7 @@ class DERConfig:
 _CPU = {"batch_size": 32, "eval_batch_size": 512, "warmup_epochs": 0, "milestones": (), "first_milestones": (),
         "retrain_milestones": ()}
 PRESETS: dict[str, dict] = {
-    "full": {},                                   # official CIFAR-100 B0 (ResNet-18, GPU; not run here)
+    "full": {},                                   # official CIFAR-100 B0 schedule (GPU; not run here)
     # CPU scale (not the paper's schedule): the scenario's default backbone per extractor (suite `der`: the small
     # CNN on CIFAR, the MLP on MNIST), batch 32, constant lr 0.05, 6 epochs per task (10 for the first), 10
     # re-training epochs.
@@ -153,7 +155,8 @@ def task_phase(config: DERConfig, t: int) -> Phase:
     """Task ``t`` (0-based) on ``D_t ∪ M``: SGD with warm-up (``t > 0``) and step decay; the auxiliary loss and
     the frozen old extractors from ``t = 1`` on."""
     first = t == 0
-    return Phase(epochs=config.first_epochs if first else config.epochs, lr=config.lr,
+    epochs = config.first_epochs if first and config.first_epochs is not None else config.epochs
+    return Phase(epochs=epochs, lr=config.lr,
                  warmup_epochs=0 if first else config.warmup_epochs, lr_decay=config.lr_decay,
                  milestones=config.first_milestones if first else config.milestones,
                  task_losses=not first and config.aux_lambda > 0, freeze_old_tasks=not first)
