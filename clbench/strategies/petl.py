@@ -297,9 +297,14 @@ class PerTaskPETL(_SetPerExperience):
         held, rest = order[:n_held], order[n_held:]
         self.held.append(features[held])
         classes = self.info.class_range(t)
-        means = torch.stack([features[rest][targets[rest] == c].mean(0) for c in classes])
+        means = torch.stack([self._mean(features[rest][targets[rest] == c], features[targets == c]) for c in classes])
         self.prototypes = torch.cat((self.prototypes, means))
         self.owner = torch.cat((self.owner, torch.full((len(classes),), t, dtype=torch.long)))
+
+    @staticmethod
+    def _mean(kept: Tensor, every: Tensor) -> Tensor:
+        """A class prototype from the samples not held out (all of them if the hold-out took every one)."""
+        return (kept if len(kept) else every).mean(0)
 
     def route(self, features: Tensor) -> Tensor:
         """Experience of the nearest class prototype, ``(B,)``, for frozen features ``(B, d)``."""
