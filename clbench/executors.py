@@ -287,10 +287,11 @@ class RayExecutor:
                 record.write(record_path(out_dir, record.run_id))
                 records.append(record)
                 bar.update()
-        except KeyboardInterrupt:
+        except BaseException as exc:        # Ctrl-C, or a set-up error every run would repeat: stop the others
             for ref in remaining:
                 self.ray.cancel(ref, force=True)
-            _interrupted(records, len(remaining), out_dir)
+            if isinstance(exc, KeyboardInterrupt):
+                _interrupted(records, len(remaining), out_dir)
             raise
         finally:
             bar.close()

@@ -1,6 +1,6 @@
 """A test strategy for the executors: it can hold a run until a file disappears, or kill its own process, so that the
-tests can interrupt a suite mid-way and lose worker processes on purpose. Executors import this module in their
-worker processes and Ray tasks (it registered the strategy a spec names)."""
+tests can interrupt a suite mid-way and lose worker processes on purpose; and a scenario whose dataset is missing.
+Executors import this module in their worker processes and Ray tasks (it registered the names a spec uses)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from clbench.registry import STRATEGIES
+from clbench.data import DatasetNotFound
+from clbench.registry import SCENARIOS, STRATEGIES
 from tests._fakes import FakeConfig, IncreasingLogits
 
 
@@ -44,6 +45,12 @@ class HoldOrCrash(IncreasingLogits):
             while seed in self.config.hold_seeds and (folder / "hold").exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
         super().train(experience)
+
+
+@SCENARIOS.register("test_missing_dataset")
+def missing_dataset(*, seed: int = 0) -> None:
+    """A scenario whose dataset is never there: a set-up error that stops a suite."""
+    raise DatasetNotFound("test_missing_dataset: no such data (searched nowhere); this stops the suite")
 
 
 def attempts(marker_dir: Path, seed: int) -> int:

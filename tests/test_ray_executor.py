@@ -22,6 +22,7 @@ import tests._scale_fakes  # noqa: F401  (registers test_hold_or_crash; Ray work
 from clbench import executors, tasks
 from clbench.cli import main
 from clbench.config import parse_suite
+from clbench.data import DatasetNotFound
 from clbench.executors import EXECUTORS, LocalExecutor, RayExecutor
 from clbench.runner import RunRecord, record_path
 from tests._fakes import fake_ray
@@ -82,6 +83,15 @@ def test_failed_runs_and_dead_workers_are_recorded_while_the_others_finish(ray_c
     assert lost.reason.startswith("WorkerCrashedError: ") and lost.reason.endswith("(tried 2 time(s))")
     saved = RunRecord.load(record_path(tmp_path / "out", lost.run_id))
     assert saved.status == "failed" and saved.reason == lost.reason and saved.identity_hash == lost.identity_hash
+
+
+def test_a_missing_dataset_stops_the_suite_on_the_driver(ray_cluster, tmp_path):
+    """As with the local executor: a set-up error every run would repeat is raised, not recorded per run."""
+    specs = parse_suite({"suite": "t", "seeds": [0, 1], "scenarios": [{"name": "test_missing_dataset"}],
+                         "strategies": [{"name": "test_increasing_logits"}]}).run_specs("cpu")
+    with pytest.raises(DatasetNotFound, match="this stops the suite"):
+        RayExecutor().run_all(specs, tmp_path)
+    assert not list(tmp_path.rglob("*.json"))
 
 
 def _alive(pid: int) -> bool:
