@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 COSTS = ("params_M", "params_added_M", "trainable_params_M", "train_s", "eval_s", "peak_mem_MB")
 MARKDOWN_COST = {"params_M": "{:.3f}", "params_added_M": "{:.3f}", "train_s": "{:.1f}", "peak_mem_MB": "{:.1f}"}
 KEYS = ("suite", "scenario", "strategy")
+MARKDOWN_EXTRA = ("epsilon",)   # extra metrics the markdown also shows where a row has them (private runs' ε spent)
 
 
 def metric_specs(record: dict) -> list[MetricSpec]:
@@ -194,7 +195,8 @@ def to_markdown(table: pd.DataFrame, title: str = "") -> str:
         std = row.get(f"{m}_std")
         return f"{row[m]:.2f} ± {'–' if pd.isna(std) else f'{std:.2f}'}"
 
-    shown = table.attrs.get("primary_columns") or score_columns(ACCURACY)
+    shown = [*(table.attrs.get("primary_columns") or score_columns(ACCURACY)),
+             *(c for c in MARKDOWN_EXTRA if c in table and table[c].notna().any())]
     header = ["suite", "scenario", "strategy", "preset", "overrides", "seeds", *shown, *MARKDOWN_COST]
     lines = [f"# {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
