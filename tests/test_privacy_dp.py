@@ -13,6 +13,7 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
+from clbench import leaderboard
 from clbench.callbacks import CallbackContext, CallbackList
 from clbench.config import ConfigError, parse_suite
 from clbench.models.vit import vit
@@ -234,3 +235,6 @@ def test_dp_suite_entry_reaches_the_record_with_epsilon(strategy, tmp_path):
     calls = [c for f in files for c in json.loads(f.read_text())]
     assert len(calls) == 2 and all(c["steps"] == 8 and math.isclose(c["sigma"], sigma) for c in calls)
     assert all(0 < c["steps_taken"] <= 8 for c in calls)
+    table = leaderboard.build([json.loads(record.to_json())])
+    assert table["epsilon"][0] == pytest.approx(extra["epsilon"])
+    assert "| epsilon |" in leaderboard.to_markdown(table)
