@@ -7,11 +7,13 @@ after the last experience; the input of each recorded layer is the query of that
 
     accuracy.csv                 test accuracy on every test experience after every training experience
     interference.csv             per query experience and outcome: mean contribution of every training experience
-                                 to the predicted logit, and the interference share (attribution.py)
+                                 to the predicted logit, the interference shares (signed and positive-part;
+                                 attribution.py)
     attention_by_class.csv       per query experience, true label and outcome: mean contribution to the predicted
                                  logit and mean attention mass, per training experience and label
     misclassified_attention.csv  misclassified queries of the first experience, per true label: the predicted label,
-                                 the other experience's class contributing most to the predicted logit, its share
+                                 the later experience's class contributing most to the predicted logit (mean over
+                                 the queries), and its share of the positive class-level contributions
     top_patterns.csv             the most attended training patterns of example queries (``--examples``)
     attention_over_time.csv      cumulative attention mass of first-experience queries, per layer and training
                                  experience, by step (mean query)
