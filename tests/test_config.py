@@ -1,5 +1,7 @@
 """Suite files and hyperparameters: every mistake is an error that names the file, the key and the fix."""
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -157,3 +159,48 @@ def test_suite_paths_by_suffix_or_existing_file(tmp_path):
     plain.write_text(yaml.safe_dump(GOOD))
     assert resolve_suite_path(str(plain)) == plain and load_suite(plain).name == "s"
     assert resolve_suite_path("quick") == shipped_suites()["quick"]
+
+
+def test_build_config_names_the_strategy_in_its_errors_unless_told_where():
+    with pytest.raises(ConfigError) as info:
+        build_config("replay", "gpu")
+    assert str(info.value) == "strategy 'replay': strategy 'replay' has no preset 'gpu'. Did you mean 'cpu'? Presets: cpu, full."
+    with pytest.raises(ConfigError) as info:
+        build_config("dytox", None, {"arch": "huge"})
+    assert str(info.value).startswith("strategy 'dytox': invalid hyperparameters: arch must be one of")
+    with pytest.raises(ConfigError) as info:
+        build_config("dytox", None, {"arch": "huge"}, where="here")
+    assert str(info.value).startswith("here: invalid hyperparameters: ")
+
+
+def test_config_dict_of_dataclasses_and_mappings_and_hash_of_non_json_values():
+    from pathlib import Path
+
+    from clbench.config import config_dict, config_hash
+
+    assert config_dict(build_config("naive", "cpu"))["epochs"] == 2
+    assert config_dict({"a": 1}) == {"a": 1} and config_dict([("b", 2)]) == {"b": 2}
+    assert config_hash({"init": Path("ckpt/x.pt")}) == config_hash({"init": "ckpt/x.pt"})
+
+
+def test_identity_is_suite_scenario_strategy_with_resolved_config_and_seed():
+    suite = parse_suite(GOOD, "good.yaml")
+    spec = suite.run_specs()[1]
+    assert spec.identity() == {
+        "suite": "s", "scenario": {"name": "synthetic", "args": {}, "label": ""},
+        "strategy": {"name": "replay", "args": {"mem_size": 50}, "label": "", "preset": "cpu", "callbacks": (),
+                     "resolved": dataclasses.asdict(build_config("replay", "cpu", {"mem_size": 50}))},
+        "seed": 1}
+
+
+def test_unknown_suite_lists_every_shipped_suite(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_suite("quik")
+    assert str(info.value) == (f"unknown suite 'quik'. Did you mean 'quick'? Shipped suites: "
+                               f"{', '.join(sorted(shipped_suites()))}; or pass the path of a .yaml file.")
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "seeds": [2]}))
+    assert load_suite(path).source == str(path) and load_suite(str(path)).seeds == (2,)
+    path.write_text(yaml.safe_dump({**GOOD, "seed": [2]}))
+    with pytest.raises(ConfigError, match=rf"^{path}: unknown key 'seed'"):
+        load_suite(path)
