@@ -1,6 +1,6 @@
 """`make mutation`: mutation testing of the core that decides numbers and settings, one mutmut run per group.
 
-Usage: ``python tests/mutation_report.py [GROUP ...] [--survivors]``. The groups and their tests are
+Usage: ``python tests/mutation_report.py [GROUP ...] [--survivors] [--collect]``. The groups and their tests are
 ``[tool.clbench.mutation]`` in pyproject.toml (``mutate``: files; ``tests``: pytest arguments: the fast tests that
 matter for those files); the other mutmut settings come from ``[tool.mutmut]``. Each group runs in a fresh copy of
 the committed tree (``git archive HEAD``: the scores name a commit; commit first) under ``build/mutation/<group>/``
@@ -9,7 +9,9 @@ another's), niced, one mutant at a time (``--max-children 1``).
 
 Printed per group and in ``build/mutation/report.md``: mutants, killed (a test failed or a mutant timed out),
 survived, no test reaches it (counts as not killed), and the score ``killed / mutants``; with ``--survivors`` the
-diff of every surviving mutant (``mutmut show``), else their names.
+diff of every surviving mutant (``mutmut show``), else their names. ``--collect`` runs nothing: it reports what
+the groups' mutmut runs under ``build/mutation/`` have recorded so far (mutants not yet run count as "other").
+The property tests run with ``CLBENCH_HYPOTHESIS_EXAMPLES=25`` examples per test here (60 in ``make test``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def prepare(group: str, spec: dict, base: dict, pytest_ini: dict) -> Path:
     work.mkdir(parents=True)
     archive = subprocess.run(["git", "archive", "HEAD", *COPIED], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    (work / "COMMIT").write_text(commit)
     mutmut = {**base, "only_mutate": spec["mutate"], "pytest_add_cli_args_test_selection": spec["tests"]}
     lines = ["[tool.pytest.ini_options]", *(f"{k} = {_toml(v)}" for k, v in pytest_ini.items()), "",
              "[tool.mutmut]", *(f"{k} = {_toml(v)}" for k, v in mutmut.items())]
@@ -73,7 +78,7 @@ def summary_row(group: str, found: dict[str, str], seconds: float) -> tuple[str,
 
 
 def main(argv: list[str]) -> int:
-    show = "--survivors" in argv
+    show, collect = "--survivors" in argv, "--collect" in argv
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     groups: dict[str, dict] = config["tool"]["clbench"]["mutation"]
     chosen = [a for a in argv if not a.startswith("--")] or list(groups)
@@ -82,22 +87,22 @@ def main(argv: list[str]) -> int:
         print(f"unknown group(s) {unknown}; groups: {', '.join(groups)}", file=sys.stderr)
         return 2
     mutmut = Path(sys.executable).parent / "mutmut"
-    env = {**os.environ, "CLBENCH_JOBS": "1", "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.strip()
+    env = {**os.environ, "CLBENCH_JOBS": "1", "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "CLBENCH_HYPOTHESIS_EXAMPLES": "25"}
     for group in chosen:
-        spec = groups[group]
-        work = prepare(group, spec, config["tool"]["mutmut"], config["tool"]["pytest"]["ini_options"])
-        print(f"== {group}: {', '.join(spec['mutate'])} ({work})", flush=True)
-        start = time.perf_counter()
-        done = subprocess.run(["nice", "-n", "10", str(mutmut), "run", "--max-children", "1"], cwd=work, env=env,
-                              stdout=subprocess.DEVNULL)
-        if done.returncode != 0:
-            print(f"mutmut failed in {work} (exit {done.returncode}); run it there to see why: "
-                  f"cd {work} && {mutmut} run --max-children 1", file=sys.stderr)
-            return 1
+        spec, work, start = groups[group], WORK / group, time.perf_counter()
+        if not collect:
+            work = prepare(group, spec, config["tool"]["mutmut"], config["tool"]["pytest"]["ini_options"])
+            print(f"== {group}: {', '.join(spec['mutate'])} ({work})", flush=True)
+            done = subprocess.run(["nice", "-n", "10", str(mutmut), "run", "--max-children", "1"], cwd=work, env=env,
+                                  stdout=subprocess.DEVNULL)
+            if done.returncode != 0:
+                print(f"mutmut failed in {work} (exit {done.returncode}); run it there to see why: "
+                      f"cd {work} && {mutmut} run --max-children 1", file=sys.stderr)
+                return 1
+        commit = (work / "COMMIT").read_text() if (work / "COMMIT").exists() else "?"
         found = statuses(work, spec["mutate"])
-        row, _ = summary_row(group, found, time.perf_counter() - start)
+        row, _ = summary_row(group, found, float("nan") if collect else time.perf_counter() - start)
         print(row, flush=True)
         names = sorted(n for n, s in found.items() if s not in ("killed", "timeout"))
         lines = [f"## {group}: {len(names)} not killed", ""]

@@ -9,6 +9,8 @@ sets, the invariants that follow from the definitions in README ("Metrics") and 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,7 +20,9 @@ from hypothesis import strategies as st
 from clbench import leaderboard
 from clbench.metrics import ACCURACY, MetricSpec, summarize, summarize_matrix
 
-PROFILE = settings(max_examples=60, deadline=None, derandomize=True)
+# 60 examples per test; `make mutation` runs each mutant's tests with fewer (tests/mutation_report.py)
+PROFILE = settings(max_examples=int(os.environ.get("CLBENCH_HYPOTHESIS_EXAMPLES", "60")), deadline=None,
+                   derandomize=True)
 UNITLESS = MetricSpec("score")
 LOSS = MetricSpec("loss", higher_is_better=False)
 
