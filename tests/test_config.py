@@ -164,7 +164,8 @@ def test_suite_paths_by_suffix_or_existing_file(tmp_path):
 def test_build_config_names_the_strategy_in_its_errors_unless_told_where():
     with pytest.raises(ConfigError) as info:
         build_config("replay", "gpu")
-    assert str(info.value) == "strategy 'replay': strategy 'replay' has no preset 'gpu'. Did you mean 'cpu'? Presets: cpu, full."
+    assert str(info.value) == ("strategy 'replay': strategy 'replay' has no preset 'gpu'. Did you mean 'cpu'? "
+                               "Presets: cpu, full.")
     with pytest.raises(ConfigError) as info:
         build_config("dytox", None, {"arch": "huge"})
     assert str(info.value).startswith("strategy 'dytox': invalid hyperparameters: arch must be one of")
@@ -204,3 +205,42 @@ def test_unknown_suite_lists_every_shipped_suite(tmp_path):
     path.write_text(yaml.safe_dump({**GOOD, "seed": [2]}))
     with pytest.raises(ConfigError, match=rf"^{path}: unknown key 'seed'"):
         load_suite(path)
+
+
+@pytest.mark.parametrize("callbacks, message", [
+    (["hook_trac"], "bad.yaml: strategies[0] (naive).callbacks[0]: unknown callback 'hook_trac'. Did you mean "
+                    "'hook_trace'? Known callbacks: "),
+    ([{"name": "hook_trace", "args": {"batch": 1}}],
+     "bad.yaml: strategies[0] (naive).callbacks[0].args (callback 'hook_trace'): unknown key 'batch'. Did you mean "
+     "'batches'? Allowed keys: batches."),
+    ([{"name": "hook_trace", "args": {"batches": "many"}}],
+     "bad.yaml: strategies[0] (naive).callbacks[0].args.batches: expected an int, got 'many'"),
+    ("hook_trace", "bad.yaml: strategies[0] (naive).callbacks: expected a list of entries, each a mapping with keys "
+                   "('name', 'args')."),
+])
+def test_callback_entries_are_checked_against_the_registry_and_the_factorys_signature(callbacks, message):
+    with pytest.raises(ConfigError) as info:
+        parse_suite({**GOOD, "strategies": [{"name": "naive", "callbacks": callbacks}]}, "bad.yaml")
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_callback_args_are_typed_and_a_factory_taking_kwargs_accepts_any_key(monkeypatch):
+    from clbench.callbacks import CALLBACKS, Callback
+
+    def open_ended(rate: float = 0.0, **kwargs) -> Callback:
+        return Callback()
+
+    monkeypatch.setitem(CALLBACKS._entries, "test_open_ended", open_ended)
+    entry = parse_suite({**GOOD, "strategies": [{"name": "naive", "callbacks": [
+        {"name": "hook_trace", "args": {"batches": "3"}},
+        {"name": "test_open_ended", "args": {"rate": 1, "anything": [1]}}]}]}).strategies[0]
+    assert entry.callbacks == ({"name": "hook_trace", "args": {"batches": 3}},
+                               {"name": "test_open_ended", "args": {"rate": 1.0, "anything": [1]}})
+    assert isinstance(entry.callbacks[1]["args"]["rate"], float)
+
+
+def test_scenario_arg_errors_start_with_file_and_entry():
+    with pytest.raises(ConfigError) as info:
+        parse_suite({**GOOD, "scenarios": [{"name": "synthetic", "args": {"n_clases": 4}}]}, "bad.yaml")
+    assert str(info.value).startswith("bad.yaml: scenarios[0] (synthetic): args: unknown key 'n_clases'. Did you "
+                                      "mean 'n_classes' or 'train_per_class'? Allowed keys: n_classes, ")
