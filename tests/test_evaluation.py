@@ -157,3 +157,43 @@ def test_ranking_at_the_cut_off_and_across_batches_and_experiences():
     assert [s.name for s in evaluator.specs] == ["ndcg@10", "hit@10"] and evaluator.specs[0].primary
     assert row.rows["hit@10"] == [pytest.approx(2 / 3), 1.0] and row.sizes == [3, 1]
     assert row.rows["ndcg@10"] == [pytest.approx((1 / np.log2(11) + 1.0) / 3), pytest.approx(1 / np.log2(3))]
+
+
+class Recording(Fixed):
+    """Also keeps the devices and task labels ``predict`` received."""
+
+    def predict(self, x, task_labels):
+        labels = task_labels.tolist() if task_labels.device.type == "cpu" else None
+        self.received = getattr(self, "received", []) + [(x.device, task_labels.device, labels)]
+        return super().predict(x, task_labels)
+
+
+def test_inputs_and_task_labels_reach_predict_on_the_evaluation_device():
+    """``predict(x, t)`` gets the batch and its task labels, both moved to the device the evaluator is given (the
+    meta device here: moved tensors carry no data, which predict does not read)."""
+    scenario, strategy = _scenario(task_aware=True), Recording([0.1, 0.9, 5.0, 0.0])
+    scenario.evaluator(strategy, scenario, 0, torch.device("meta"))
+    meta = torch.device("meta")
+    assert [(xd, td) for xd, td, _ in strategy.received] == [(meta, meta)] * 3      # batches of 2: 2 + 1, then 2
+
+
+def test_task_labels_passed_to_predict_are_the_experiences():
+    scenario, strategy = _scenario(task_aware=True), Recording([0.1, 0.9, 5.0, 0.0])
+    scenario.evaluator(strategy, scenario, 1, CPU)
+    assert [t for _, _, t in strategy.received] == [[0, 0], [0], [1, 1]]
+
+
+def test_predict_must_return_a_tensor():
+    scenario, strategy = _scenario(), Fixed([0.0] * 4)
+    strategy.predict = lambda x, t: [[0.0] * 4] * len(x)
+    with pytest.raises(protocol.StrategyContractError) as info:
+        scenario.evaluator(strategy, scenario, 0, CPU)
+    assert str(info.value) == "Fixed.predict() returned list, expected Tensor (see clbench.protocol.StrategyBase)."
+
+
+def test_evaluator_defaults_top_10_and_batches_of_512():
+    """The defaults the scenarios rely on: NDCG@10/HIT@10 and 512 test samples per forward pass (evaluation's peak
+    memory)."""
+    ranking = RankingEvaluator(7)
+    assert (ranking.n_items, ranking.k, ranking.batch_size) == (7, 10, 512)
+    assert AccuracyEvaluator().batch_size == 512
