@@ -244,3 +244,41 @@ def test_scenario_arg_errors_start_with_file_and_entry():
         parse_suite({**GOOD, "scenarios": [{"name": "synthetic", "args": {"n_clases": 4}}]}, "bad.yaml")
     assert str(info.value).startswith("bad.yaml: scenarios[0] (synthetic): args: unknown key 'n_clases'. Did you "
                                       "mean 'n_classes' or 'train_per_class'? Allowed keys: n_classes, ")
+
+
+KEYS = "('name', 'preset', 'args', 'label', 'callbacks', 'dp')"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"strategies": []},
+     f"bad.yaml: strategies: expected a non-empty list of entries, each a mapping with keys {KEYS}."),
+    ({"scenarios": "synthetic"}, "bad.yaml: scenarios: expected a non-empty list of entries, each a mapping with keys "
+                                 "('name', 'args', 'label')."),
+    ({"strategies": [{"name": "naive", "callbacks": {}}]},
+     "bad.yaml: strategies[0] (naive).callbacks: expected a list of entries, each a mapping with keys "
+     "('name', 'args')."),
+    ({"strategies": [{"preset": "cpu"}]}, "bad.yaml: strategies[0]: each entry needs at least a 'name' (got "
+                                          "{'preset': 'cpu'})."),
+    ({"strategies": [3]}, "bad.yaml: strategies[0]: each entry needs at least a 'name' (got 3)."),
+    ({"strategies": [{"name": "naive", "args": [1]}]}, "bad.yaml: strategies[0].args: expected a mapping, got [1]."),
+    ({"scenarios": [{"name": "synthetic", "args": {"seed": 3}}]},
+     "bad.yaml: scenarios[0] (synthetic): args: unknown key 'seed'. Allowed keys: n_classes, "),
+])
+def test_entry_lists_are_checked_with_one_line_each(change, message):
+    """Lists of entries: non-empty where required (callbacks may be empty), each a mapping with a name or a bare
+    name, args a mapping; the seed is the suite's, never a scenario argument."""
+    with pytest.raises(ConfigError) as info:
+        parse_suite({**GOOD, **change}, "bad.yaml")
+    assert str(info.value).startswith(message), str(info.value)
+    assert parse_suite({**GOOD, "strategies": [{"name": "naive", "callbacks": []}]}).strategies[0].callbacks == ()
+
+
+def test_a_registered_name_unfit_for_file_names_is_refused_without_a_label(monkeypatch):
+    from clbench.registry import SCENARIOS
+
+    monkeypatch.setitem(SCENARIOS._entries, "syn__thetic", SCENARIOS.get("synthetic"))
+    with pytest.raises(ConfigError) as info:
+        parse_suite({**GOOD, "scenarios": ["syn__thetic"]}, "bad.yaml")
+    assert str(info.value).startswith("bad.yaml: scenarios[0] (syn__thetic): 'name' 'syn__thetic' may contain only "
+                                      "letters, digits, '_', '.', '+' and '-'")
+    assert parse_suite({**GOOD, "scenarios": [{"name": "syn__thetic", "label": "syn"}]}).scenarios[0].key == "syn"
