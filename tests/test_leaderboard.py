@@ -188,3 +188,36 @@ def test_missing_runs_folder_message_is_exact(tmp_path):
         leaderboard.load_records(tmp_path)
     assert str(info.value) == (f"no run records in {tmp_path / 'runs'}: run a suite first "
                                "(python run_bench.py --suite NAME).")
+
+
+def test_a_corrupt_record_is_logged_by_path_and_skipped(tmp_path, caplog):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a.json").write_text("{cut short")
+    good = _record("naive", 0, 40.0, 20.0)
+    (tmp_path / "runs" / "b.json").write_text(json.dumps(good))
+    with caplog.at_level("WARNING", logger="clbench.leaderboard"):
+        assert leaderboard.load_records(tmp_path) == [good]
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith(f"{tmp_path / 'runs' / 'a.json'}: not a readable JSON file (") and message.endswith(
+        "; skipped")
+
+
+def test_labels_and_overrides_show_values_as_written():
+    """Only code fingerprints are cut (to 7 characters); other strings are shown whole; a value that is not JSON
+    (a path in an in-memory record) is shown as text."""
+    from pathlib import Path
+
+    a = _record("ewc", 0, 50.0, 40.0, args={"mode": "separate_long_name"})
+    b = _record("ewc", 1, 51.0, 41.0, args={"mode": "online_long_name"})
+    assert [s for _, s in leaderboard.row_labels([a, b])] == ["ewc [mode=separate_long_name]",
+                                                             "ewc [mode=online_long_name]"]
+    c = _record("naive", 0, 1.0, 1.0, args={"init": Path("ckpt/x.pt")})
+    assert leaderboard.build([c])["overrides"][0] == "init=ckpt/x.pt"
+
+
+def test_machines_of_all_rows_are_listed_once():
+    records = [_record("naive", 0, 40.0, 20.0), _record("naive", 1, 50.0, 30.0), _record("ewc", 0, 1.0, 1.0)]
+    records[1]["env"]["machine"] = "gpu: b"
+    records[2]["env"]["machine"] = "gpu: b"
+    md = leaderboard.to_markdown(leaderboard.build(records))
+    assert md.splitlines()[-1] == "Machine: cpu: test; gpu: b"
