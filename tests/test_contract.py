@@ -5,6 +5,7 @@ the contract is refused when it registers, a wrong return value fails the run wi
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from clbench.config import build_config
 from clbench.protocol import ParamCount, StrategyBase, StrategyContractError, check_strategy
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
+from clbench.scenarios.movielens import sequences_scenario
 
 SYNTHETIC = {"n_classes": 4, "n_experiences": 2, "train_per_class": 10, "test_per_class": 5}
 VIT = {"embed_dim": 8, "depth": 1, "num_heads": 2, "patch_size": 4}
@@ -28,6 +30,11 @@ def _tiny(name: str, preset: str) -> dict:
     return overrides
 
 
+NEXT_ITEM_ROWS = np.array([(u, (u + t) % 8 + 1, 1, 100 * t + u) for u in range(6) for t in range(8)])
+SCENARIO_FOR = {"seqrec": lambda: sequences_scenario(NEXT_ITEM_ROWS, 2, max_len=4, n_items=8)}
+"""Strategies that need a next-item scenario (items as columns) instead of the synthetic classification one."""
+
+
 CASES = [(name, preset) for name in STRATEGIES.names() if STRATEGIES.get(name).__module__.startswith("clbench.")
          for preset in STRATEGIES.get(name).PRESETS]
 
@@ -36,7 +43,7 @@ CASES = [(name, preset) for name in STRATEGIES.names() if STRATEGIES.get(name)._
 def test_every_strategy_and_preset_trains_two_experiences_and_predicts(name, preset):
     torch.set_num_threads(1)
     seed_everything(0)
-    scenario = SCENARIOS.get("synthetic")(seed=0, **SYNTHETIC)
+    scenario = SCENARIO_FOR[name]() if name in SCENARIO_FOR else SCENARIOS.get("synthetic")(seed=0, **SYNTHETIC)
     cls = STRATEGIES.get(name)
     strategy = cls(scenario.info, "cpu", build_config(name, preset, _tiny(name, preset)))
     assert isinstance(strategy, StrategyBase)

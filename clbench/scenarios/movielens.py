@@ -90,6 +90,10 @@ class Sequences(Dataset):
     def __getitem__(self, i: int):
         return self.x[i], self.y[i], self.t
 
+    def eval(self) -> Sequences:
+        """The same dataset (no transforms to switch, unlike Avalanche's datasets' ``eval()``)."""
+        return self
+
 
 @dataclass(frozen=True)
 class UserSequence:
