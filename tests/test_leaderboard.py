@@ -221,3 +221,39 @@ def test_machines_of_all_rows_are_listed_once():
     records[2]["env"]["machine"] = "gpu: b"
     md = leaderboard.to_markdown(leaderboard.build(records))
     assert md.splitlines()[-1] == "Machine: cpu: test; gpu: b"
+
+
+def test_identity_reads_nested_and_unordered_values_and_the_resolved_config():
+    """Nested arguments are compared key by key (``model_args.hidden``), dicts inside lists regardless of key order,
+    a path like its text; the resolved config (``strategy_config``) decides, so a changed default splits the rows
+    even under the same suite args; records without one fall back to preset + args."""
+    from pathlib import Path
+
+    a = _record("naive", 0, 1.0, 1.0, args={"model_args": {"hidden": [8]}})
+    b = _record("naive", 1, 1.0, 1.0, args={"model_args": {"hidden": [16]}})
+    assert [s for _, s in leaderboard.row_labels([a, b])] == ["naive [model_args.hidden=[8]]",
+                                                             "naive [model_args.hidden=[16]]"]
+    c = _record("naive", 0, 1.0, 1.0, args={"layers": [{"b": 1, "a": 2}], "init": Path("x.pt")})
+    d = _record("naive", 1, 1.0, 1.0, args={"layers": [{"a": 2, "b": 1}], "init": "x.pt"})
+    assert leaderboard.build([c, d])["n_seeds"].tolist() == [2]
+    e, f = _record("naive", 0, 1.0, 1.0), _record("naive", 1, 1.0, 1.0)
+    f["strategy_config"] = {"epochs": 3}
+    assert sorted(leaderboard.build([e, f])["strategy"]) == ["naive [epochs=2]", "naive [epochs=3]"]
+    g, h = _record("naive", 0, 1.0, 1.0, args={"lr": 0.1}), _record("naive", 1, 1.0, 1.0, args={"lr": 0.2})
+    del g["strategy_config"], h["strategy_config"]
+    assert sorted(leaderboard.build([g, h])["strategy"]) == ["naive [lr=0.1]", "naive [lr=0.2]"]
+
+
+def test_scenarios_under_one_label_are_split_by_name():
+    a, b = _record("naive", 0, 1.0, 1.0), _record("naive", 1, 1.0, 1.0)
+    for r, name in ((a, "synthetic"), (b, "split_digits")):
+        r["spec"]["scenario"].update(name=name, label="bench")
+    assert [s for s, _ in leaderboard.row_labels([a, b])] == ["bench [name=synthetic]", "bench [name=split_digits]"]
+
+
+def test_records_without_machine_or_code_fingerprint():
+    r = _record("naive", 0, 40.0, 20.0)
+    del r["env"], r["code_fingerprint"]
+    table = leaderboard.build([r])
+    assert table["machine"][0] == "" and table["code_fingerprint"][0] == ""
+    assert "Machine" not in leaderboard.to_markdown(table)
