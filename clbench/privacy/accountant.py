@@ -11,6 +11,7 @@ smallest ``σ`` (opacus's binary search, tolerance 0.01 in ε) whose ``(ε, δ)`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
@@ -21,9 +22,11 @@ class PrivacyBudgetError(ValueError):
     raised before training with a message saying what to change."""
 
 
+@lru_cache(maxsize=256)
 def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """``σ`` such that ``steps`` Poisson-subsampled Gaussian steps at rate ``sample_rate`` spend at most
-    ``(epsilon, delta)`` under the RDP accountant."""
+    ``(epsilon, delta)`` under the RDP accountant (cached: opacus's search takes seconds, and the experiences of a
+    run usually share one schedule)."""
     try:
         return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
                                           steps=steps, accountant="rdp"))
