@@ -282,3 +282,65 @@ def test_a_registered_name_unfit_for_file_names_is_refused_without_a_label(monke
     assert str(info.value).startswith("bad.yaml: scenarios[0] (syn__thetic): 'name' 'syn__thetic' may contain only "
                                       "letters, digits, '_', '.', '+' and '-'")
     assert parse_suite({**GOOD, "scenarios": [{"name": "syn__thetic", "label": "syn"}]}).scenarios[0].key == "syn"
+
+
+@dataclasses.dataclass
+class _ModelConfig:
+    model: str = "mlp"
+    model_args: dict = dataclasses.field(default_factory=dict)
+    rate: float = 0.5
+
+
+class _NoPresets:
+    Config = _ModelConfig
+
+
+class _VitPreset:
+    Config = _ModelConfig
+    PRESETS = {"vit": {"model": "vit"}, "bad": {"rate": "fast"}}
+
+
+@pytest.fixture
+def fake_strategies(monkeypatch):
+    from clbench.registry import STRATEGIES
+
+    monkeypatch.setitem(STRATEGIES._entries, "test_no_presets", _NoPresets)
+    monkeypatch.setitem(STRATEGIES._entries, "test_vit_preset", _VitPreset)
+
+
+def test_presets_are_optional_and_a_presets_model_decides_which_model_args_are_valid(fake_strategies):
+    """A strategy without PRESETS builds from its defaults and says it has none; ``model_args`` are checked against
+    the model chosen by args, else by the preset, else by the Config's default (here mlp, which takes ``hidden``
+    and not vit's ``embed_dim``); a preset's own bad value names the preset."""
+    assert build_config("test_no_presets").rate == 0.5
+    with pytest.raises(ConfigError) as info:
+        build_config("test_no_presets", "cpu")
+    assert str(info.value) == ("strategy 'test_no_presets': strategy 'test_no_presets' has no preset 'cpu'. "
+                               "Presets: none.")
+    assert build_config("test_no_presets", None, {"model_args": {"hidden": [4]}}).model_args == {"hidden": (4,)}
+    with pytest.raises(ConfigError, match=r"model_args: unknown key 'embed_dim'"):
+        build_config("test_no_presets", None, {"model_args": {"embed_dim": 4}})
+    assert build_config("test_vit_preset", "vit", {"model_args": {"embed_dim": 4}}).model == "vit"
+    with pytest.raises(ConfigError, match=r"model_args: unknown key 'hidden'"):
+        build_config("test_vit_preset", "vit", {"model_args": {"hidden": [4]}})
+    with pytest.raises(ConfigError) as info:
+        build_config("test_vit_preset", "bad")
+    assert str(info.value).startswith("strategy 'test_vit_preset': preset 'bad'.rate: expected a float")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"strategies": [{"name": "naive", "label": "a..b"}]}, "bad.yaml: strategies[0] (naive): 'label' 'a..b' may "),
+    ({"seeds": {0: 1}}, "bad.yaml: 'seeds' must be a non-empty list of integers >= 0 (not booleans), got {0: 1}."),
+])
+def test_labels_leaving_their_folder_and_seeds_that_are_not_a_list_are_refused(change, message):
+    with pytest.raises(ConfigError) as info:
+        parse_suite({**GOOD, **change}, "bad.yaml")
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_parse_suite_defaults_source_and_seeds():
+    with pytest.raises(ConfigError) as info:
+        parse_suite([GOOD])
+    assert str(info.value) == ("<suite>: a suite file must be a mapping with keys suite, description, seeds, "
+                               "scenarios, strategies.")
+    assert parse_suite({k: v for k, v in GOOD.items() if k != "seeds"}).seeds == (0,)
