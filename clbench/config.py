@@ -374,22 +374,30 @@ def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def _parse_dp(where: str, strategy: str, raw: Any) -> tuple[dict, ...]:
+def _parse_dp(where: str, raw: Any) -> tuple[dict, ...]:
     """A strategy entry's ``dp: {epsilon, delta, clip, ...}`` as the ``dp`` callback entry (part of the run's
-    identity), its budget checked now (:class:`clbench.privacy.step.DPConfig`) for a strategy that may train
-    privately."""
+    identity; checked by :func:`_check_dp`)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}.dp: expected a mapping like {{epsilon: 3.0, clip: 1.0}}, got {raw!r}.")
+    return parse_callbacks(f"{where}.dp", [{"name": "dp", "args": raw}])
+
+
+def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...]) -> None:
+    """Every ``dp`` callback of an entry (from its ``dp:`` key or its ``callbacks:`` list): a strategy that may train
+    privately, and a budget that can be used (:class:`clbench.privacy.step.DPConfig`)."""
+    entries = [c for c in callbacks if c["name"] == "dp"]
+    if not entries:
+        return
     from clbench.privacy.accountant import PrivacyBudgetError
     from clbench.privacy.step import DPConfig, check_private_strategy
 
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}.dp: expected a mapping like {{epsilon: 3.0, clip: 1.0}}, got {raw!r}.")
-    entry = parse_callbacks(f"{where}.dp", [{"name": "dp", "args": raw}])
+    if len(entries) > 1:
+        raise ConfigError(f"{where}: private training is given twice (dp: and a dp callback); keep one.")
     try:
         check_private_strategy(strategy)
-        DPConfig(**entry[0]["args"])
+        DPConfig(**entries[0]["args"])
     except PrivacyBudgetError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    return entry
 
 
 def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
@@ -426,7 +434,8 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         args = checked_overrides(item["name"], item.get("preset"), item.get("args", {}), where)
         callbacks = parse_callbacks(f"{where}.callbacks", item.get("callbacks", []))
         if "dp" in item:
-            callbacks += _parse_dp(where, item["name"], item["dp"])
+            callbacks += _parse_dp(where, item["dp"])
+        _check_dp(where, item["name"], callbacks)
         strategies.append(StrategyEntry(name=item["name"], preset=item.get("preset"),
                                         args=args, label=item.get("label", ""), callbacks=callbacks))
 

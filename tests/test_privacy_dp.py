@@ -205,6 +205,33 @@ def test_dp_on_a_replaying_strategy_is_refused():
         suite({"name": "replay", "dp": {"epsilon": 3.0}})
 
 
+@pytest.mark.parametrize("entry, message", [
+    ({"name": "replay", "callbacks": [{"name": "dp", "args": {"epsilon": 3.0}}]},
+     "strategy 'replay' is not known to use each sample in one training call"),
+    ({"name": "naive", "callbacks": [{"name": "dp", "args": {"epsilon": 0.0}}]}, "epsilon must be a finite number > 0"),
+    ({"name": "naive", "dp": {"epsilon": 3.0}, "callbacks": [{"name": "dp", "args": {"epsilon": 3.0}}]},
+     r"private training is given twice \(dp: and a dp callback\); keep one"),
+], ids=["replay", "budget", "twice"])
+def test_a_dp_callback_entry_is_checked_like_the_dp_key(entry, message):
+    """`callbacks: [{name: dp}]` is no way around the strategy allow-list or the budget checks."""
+    with pytest.raises(ConfigError, match=message):
+        suite(entry)
+
+
+def test_private_seqrec_refuses_a_stream_of_several_periods():
+    """A user's items come back as history in later periods: per-period accounting would understate ε."""
+    from clbench.privacy.step import PrivateTraining
+    from clbench.protocol import ScenarioInfo
+    from clbench.registry import STRATEGIES
+
+    factory = STRATEGIES.get("seqrec")
+    info = ScenarioInfo(name="ml", n_experiences=3, input_shape=(8,), extra={"n_items": 20})
+    strategy = factory(info, torch.device("cpu"), factory.Config())
+    strategy.callbacks.callbacks.append(PrivateTraining(epsilon=3.0))
+    with pytest.raises(ValueError, match="dp on ml with 3 experiences is refused: a user's items return as history"):
+        strategy.train(None)
+
+
 def test_dp_entry_is_part_of_the_run_identity():
     a = suite({"name": "naive", "dp": {"epsilon": 3.0}}).run_specs("cpu")[0]
     b = suite({"name": "naive", "dp": {"epsilon": 8.0}}).run_specs("cpu")[0]

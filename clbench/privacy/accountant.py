@@ -13,13 +13,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
-
 
 class PrivacyBudgetError(ValueError):
     """A privacy budget that cannot be used (ε ≤ 0, δ ∉ (0, 1), clip ≤ 0, no ε or σ given, or no σ reaches ε);
     raised before training with a message saying what to change."""
+
+
+def _opacus():
+    """opacus's accountants, imported on first use: the ``dp`` extra is needed for private runs only (the models and
+    Re-Attention of :mod:`clbench.privacy` import without it)."""
+    try:
+        import opacus.accountants.utils
+    except ImportError:
+        raise PrivacyBudgetError("dp: private training needs opacus for its accountant; install the dp extra: "
+                                 "pip install 'clbench[dp]'.") from None
+    return opacus.accountants
 
 
 @lru_cache(maxsize=256)
@@ -27,6 +35,7 @@ def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: in
     """``σ`` such that ``steps`` Poisson-subsampled Gaussian steps at rate ``sample_rate`` spend at most
     ``(epsilon, delta)`` under the RDP accountant (cached: opacus's search takes seconds, and the experiences of a
     run usually share one schedule)."""
+    get_noise_multiplier = _opacus().utils.get_noise_multiplier
     try:
         return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
                                           steps=steps, accountant="rdp"))
@@ -38,7 +47,7 @@ def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: in
 
 def epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:
     """ε at ``delta`` of the composition of ``history`` = ``[(σ, q, steps), ...]`` (opacus's RDPAccountant)."""
-    accountant = RDPAccountant()
+    accountant = _opacus().RDPAccountant()
     accountant.history = [(float(s), float(q), int(n)) for s, q, n in history]
     return float(accountant.get_epsilon(delta=delta))
 

@@ -44,9 +44,10 @@ from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.tape import Tape
 
-PRIVATE_STRATEGIES = frozenset({"naive", "taft", "taft_shards", "nlft", "model_soup", "sisa"})
+PRIVATE_STRATEGIES = frozenset({"naive", "taft", "taft_shards", "nlft", "model_soup", "sisa", "seqrec"})
 """Strategies whose training calls each use their own disjoint data (one experience, or one shard of it) and whose
-loss is a batch mean: the ``dp`` contract above holds. Add a strategy here only after checking both."""
+loss is a batch mean: the ``dp`` contract above holds. Add a strategy here only after checking both. (``seqrec``
+refuses ``dp`` itself when its scenario has more than one period: a user's items come back as history.)"""
 
 CLIPPING: dict[str, Callable[[Tensor, float, float], Tensor]] = {
     "flat": lambda norms, clip, gamma: (clip / (norms + 1e-6)).clamp(max=1.0),

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from clbench.models.seqrec import SeqRec, next_item_loss
 from clbench.privacy.reattention import ACTIVATIONS, ATTENTIONS, ErrorPrior
+from clbench.privacy.step import PrivateTraining
 from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
 from clbench.registry import STRATEGIES
 from clbench.training import OPTIMIZERS, FitSettings, fit
@@ -96,6 +97,11 @@ class SequentialRecommender(StrategyBase):
         return float(self.config.sigma_dp or 0.0), float(self.config.batch_size)
 
     def train(self, experience) -> None:
+        info = self.info
+        if info.n_experiences > 1 and any(isinstance(cb, PrivateTraining) for cb in self.callbacks.callbacks):
+            raise ValueError(f"seqrec: dp on {info.name} with {info.n_experiences} experiences is refused: a user's "
+                             f"items return as history in later periods, so the per-period epsilon would understate "
+                             f"the user's; train privately with n_experiences: 1.")
         data, c = experience.dataset, self.config
         x, y = data.x.to(self.device), data.y.to(self.device)
         if c.attention == "reattention":
