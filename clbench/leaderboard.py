@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 COSTS = ("params_M", "params_added_M", "trainable_params_M", "train_s", "eval_s", "peak_mem_MB")
 MARKDOWN_COST = {"params_M": "{:.3f}", "params_added_M": "{:.3f}", "train_s": "{:.1f}", "peak_mem_MB": "{:.1f}"}
 KEYS = ("suite", "scenario", "strategy")
-MARKDOWN_EXTRA = ("epsilon",)   # extra metrics the markdown also shows where a row has them (private runs' ε spent)
+MARKDOWN_EXTRA = ("epsilon", "trainable_pct", "route_acc")
+"""Extra metrics the markdown also shows where a row has them: private runs' ε spent, PETL's trainable parameters in %
+of the backbone and the per-task module sets' routing accuracy."""
 
 
 def metric_specs(record: dict) -> list[MetricSpec]:
@@ -184,19 +186,23 @@ def build(records: list[dict]) -> pd.DataFrame:
                                                      table["strategy"][i]))
     table = table.iloc[order].reset_index(drop=True)
     table.attrs["primary_columns"] = list(dict.fromkeys(c for spec in row_primary for c in score_columns(spec)))
+    table.attrs["units"] = {c: spec.unit for spec in row_primary for c in score_columns(spec)}
     return table
 
 
 def to_markdown(table: pd.DataFrame, title: str = "") -> str:
-    """A compact markdown table: labels and overrides, mean ± std (– for one seed) for accuracies, then costs."""
+    """A compact markdown table: labels and overrides, mean ± std (– for one seed) for the scores, then costs.
+    Scores of a unitless metric (NDCG, HIT: fractions) get 4 decimals, percentages and the extra columns 2."""
     def pm(row, m):
         if pd.isna(row.get(m)):
             return "–"
-        std = row.get(f"{m}_std")
-        return f"{row[m]:.2f} ± {'–' if pd.isna(std) else f'{std:.2f}'}"
+        std, d = row.get(f"{m}_std"), decimals[m]
+        return f"{row[m]:.{d}f} ± {'–' if pd.isna(std) else f'{std:.{d}f}'}"
 
     shown = [*(table.attrs.get("primary_columns") or score_columns(ACCURACY)),
              *(c for c in MARKDOWN_EXTRA if c in table and table[c].notna().any())]
+    units = table.attrs.get("units", {})
+    decimals = {m: 4 if units.get(m, "%") != "%" else 2 for m in shown}
     header = ["suite", "scenario", "strategy", "preset", "overrides", "seeds", *shown, *MARKDOWN_COST]
     lines = [f"# {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

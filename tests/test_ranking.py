@@ -66,6 +66,10 @@ def test_ranking_scenario_runs_through_runner_leaderboard_and_plots(tmp_path):
     (row,) = table.to_dict("records")
     assert row["n_seeds"] == 2 and row["ndcg@10_last"] == pytest.approx(
         sum(r.metrics["ndcg@10_last"] for r in records) / 2)
-    assert "ndcg@10_last" in (tmp_path / "leaderboard.md").read_text()
+    markdown = (tmp_path / "leaderboard.md").read_text()
+    assert "ndcg@10_last" in markdown
+    # NDCG is a unitless fraction: 4 decimals in the markdown (2 would hide differences below 0.01)
+    mean, std = row["ndcg@10_last"], row["ndcg@10_last_std"]
+    assert f"| {mean:.4f} ± {std:.4f} |" in markdown
     written = report.plot(leaderboard.load_records(tmp_path), tmp_path)
     assert {p.name for p in written} >= {"test_next_item__ndcg@10.png", "test_next_item__hit@10.png"}
