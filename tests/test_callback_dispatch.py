@@ -6,12 +6,23 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from clbench.callbacks import CALLBACKS, Callback, CallbackContext, CallbackList, CallbackPlugin, CallbackSpec, bridge
+from clbench.callbacks import (
+    CALLBACKS,
+    Callback,
+    CallbackContext,
+    CallbackList,
+    CallbackPlugin,
+    CallbackSpec,
+    HookTrace,
+    bridge,
+    planned_loader,
+)
 from clbench.errors import NonFiniteLossError
 
 HOOKS = ("on_experience_start", "on_experience_end", "on_batch_start", "after_forward", "after_backward",
@@ -139,3 +150,162 @@ def test_hook_trace_without_an_artifacts_folder_writes_nothing(tmp_path, monkeyp
     trace.on_experience_start(0)
     trace.on_experience_end(0)
     assert trace.batches == 1000 and list(tmp_path.iterdir()) == []
+
+
+def test_hook_trace_writes_1000_batch_groups_by_default_and_counts_the_rest(tmp_path):
+    """The default ``batches`` (1000, evaluated when ``HookTrace`` is defined): a trace built without arguments writes
+    the 1000th batch and not the 1001st; catches a changed default."""
+    trace = HookTrace()
+    trace.setup(CallbackContext(artifacts=tmp_path))
+    trace.on_experience_start(0)
+    x, y = torch.zeros(1, 1), torch.zeros(1)
+    for _ in range(1001):
+        trace.on_batch_start(x, y)
+    trace.on_experience_end(0)
+    lines = (tmp_path / "hooks.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 1000 + 1 and json.loads(lines[-1])["batches"] == 1001
+
+
+# ----------------------------------------------------------------------------------------- minibatch plans
+class Rows(torch.utils.data.Dataset):
+    """Sample ``i`` is the integer ``i`` (the default collation turns a batch into its index tensor); optionally
+    Avalanche's task labels (``targets_task_labels.uniques``) and a ``collate_fn``."""
+
+    def __init__(self, n: int, tasks: set | None = None, collate=None) -> None:
+        self.n = n
+        if tasks is not None:
+            self.targets_task_labels = SimpleNamespace(uniques=tasks)
+        if collate is not None:
+            self.collate_fn = collate
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Planner(Callback):
+    """Records what ``batch_sampler`` is asked; offers no plan (``epochs`` None) or a plan whose k-th call yields
+    the k-th epoch of ``epochs`` (lists of indices), recording the generator it is given."""
+
+    def __init__(self, epochs: list | None = None) -> None:
+        self.epochs, self.asked, self.generators = epochs, [], []
+
+    def batch_sampler(self, n, batch_size, epochs):
+        self.asked.append((n, batch_size, epochs))
+        if self.epochs is None:
+            return None
+        remaining = iter(self.epochs)
+
+        def plan(generator):
+            self.generators.append(generator)
+            return (torch.tensor(batch) for batch in next(remaining))
+        return plan
+
+
+class Poisson(Planner):
+    """A second planning callback (its class name appears in the refusal)."""
+
+
+class Template:
+    """What the plugin and :func:`planned_loader` read of an Avalanche template."""
+
+    def __init__(self, dataset, loader=None, mb_size: int = 4, epochs: int = 3) -> None:
+        self.adapted_dataset, self.train_mb_size, self.train_epochs = dataset, mb_size, epochs
+        self.dataloader = torch.utils.data.DataLoader(dataset) if loader is None else loader
+
+
+class TaskBalancedDataLoader:
+    """Stands for Avalanche's loader of that name (planned_loader recognises it by name): what naive's template
+    builds for one experience."""
+
+
+class Looping(torch.utils.data.DataLoader):
+    """A loader that is not a plain DataLoader (e.g. replay's, interleaving a memory)."""
+
+
+EPOCHS = [[[0, 1], [2, 3, 4]], [[5], [6, 7]]]
+
+
+def _list(*callbacks: Callback) -> CallbackList:
+    built = CallbackList()
+    built.callbacks.extend(callbacks)
+    return built
+
+
+def test_batch_sampler_asks_every_callback_and_returns_the_one_plan_offered():
+    """The loop's (n, batch_size, epochs) reach every callback; the single plan is returned unchanged (None when no
+    callback offers one); catches a dropped or reordered argument and a plan lost or invented."""
+    quiet, planner, plain = Planner(), Planner(EPOCHS), Callback()
+    plan = _list(quiet, planner, plain).batch_sampler(10, 4, 3)
+    assert quiet.asked == planner.asked == [(10, 4, 3)]
+    assert [b.tolist() for b in plan("g")] == EPOCHS[0] and planner.generators == ["g"]
+    assert _list(Planner(), plain).batch_sampler(10, 4, 3) is None and CallbackList().batch_sampler(1, 1, 1) is None
+
+
+def test_two_callbacks_offering_plans_are_refused_with_their_names():
+    """Two plans would silently drop one (dp's Poisson batches); the exact message names both classes in order."""
+    with pytest.raises(ValueError, match=re.escape(
+            "callbacks ['Planner', 'Poisson'] each want to choose the minibatches; attach at most one of them.")):
+        _list(Planner(EPOCHS), Planner(), Poisson(EPOCHS)).batch_sampler(10, 4, 3)
+
+
+def test_the_plugin_swaps_in_a_loader_that_follows_the_plan_epoch_by_epoch():
+    """Bridged template: the plugin asks with (len(adapted_dataset), train_mb_size, train_epochs) and the new loader
+    yields exactly the plan's batches, one plan call per epoch, all from one generator seeded from the global RNG
+    (``randint(2**31 - 1)``: the batches of a seeded run stay reproducible); catches a wrong size or schedule, a
+    loader over other data, a lost or re-created generator and a changed seed derivation."""
+    dataset = Rows(10)
+    template, planner = Template(dataset), Planner(EPOCHS)
+    torch.manual_seed(3)
+    seed = int(torch.randint(2**31 - 1, ()))
+    torch.manual_seed(3)
+    CallbackPlugin(_list(Callback(), planner)).before_training_exp(template)
+    assert planner.asked == [(10, 4, 3)]
+    loader = template.dataloader
+    assert type(loader) is torch.utils.data.DataLoader and loader.dataset is dataset
+    assert [b.tolist() for b in loader] == EPOCHS[0] and [b.tolist() for b in loader] == EPOCHS[1]
+    first, second = planner.generators
+    assert first is second and first.initial_seed() == seed
+
+
+def test_the_plugin_keeps_the_template_loader_when_no_callback_plans():
+    """No plan: the template's own loader stays (catches a loader replaced by a plan of None)."""
+    template, planner = Template(Rows(10), mb_size=5, epochs=2), Planner()
+    own = template.dataloader
+    CallbackPlugin(_list(planner)).before_training_exp(template)
+    assert template.dataloader is own and planner.asked == [(10, 5, 2)]
+
+
+def test_planned_loader_collates_with_the_dataset_collate_fn():
+    """A dataset's own ``collate_fn`` (Avalanche datasets have one) collates the planned batches; catches it
+    dropped."""
+    loader = planned_loader(Template(Rows(8, collate=lambda items: ("collated", items))), Planner(EPOCHS)
+                            .batch_sampler(8, 4, 1))
+    assert list(loader) == [("collated", [0, 1]), ("collated", [2, 3, 4])]
+
+
+@pytest.mark.parametrize("loader, tasks", [
+    (None, {0, 1}),                              # a plain DataLoader batches one dataset whatever its labels
+    (TaskBalancedDataLoader(), None),            # Avalanche's loader for a dataset without task labels
+    (TaskBalancedDataLoader(), {0}),             # ... or with one task
+], ids=["plain", "task_balanced_unlabelled", "task_balanced_one_task"])
+def test_planned_loader_accepts_loaders_that_batch_one_dataset(loader, tasks):
+    """Accepted loaders: catches a refusal of the loaders naive's template builds."""
+    dataset = Rows(8, tasks=tasks)
+    planned = planned_loader(Template(dataset, loader), Planner(EPOCHS).batch_sampler(8, 4, 1))
+    assert planned.dataset is dataset and [b.tolist() for b in planned] == EPOCHS[0]
+
+
+@pytest.mark.parametrize("loader, tasks, name", [
+    (Looping(Rows(8)), None, "Looping"),
+    (TaskBalancedDataLoader(), {0, 1}, "TaskBalancedDataLoader"),    # balances two task groups
+], ids=["other_loader", "two_tasks"])
+def test_planned_loader_refuses_loaders_that_do_more_than_batch_one_dataset(loader, tasks, name):
+    """A plan would silently drop what such a loader adds (replay's memory, task balancing): refused with the exact
+    message naming the template and the loader."""
+    with pytest.raises(ValueError, match=re.escape(
+            f"Template trains through a {name}; a callback that chooses the minibatches (e.g. dp) supports plain "
+            f"single-dataset loaders only.")):
+        planned_loader(Template(Rows(8, tasks=tasks), loader), Planner(EPOCHS).batch_sampler(8, 4, 1))
