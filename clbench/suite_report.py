@@ -5,10 +5,11 @@ Sections, in order:
 
 1. what was run: runs finished and failed, scenarios, strategies, seeds, when, total training time;
 2. per scenario, on its primary metric (:class:`~clbench.metrics.MetricSpec`): the best strategy for each summary
-   (``avg_inc``, ``last``, ``forgetting``, ``bwt``; direction from the spec, forgetting lower is better for a
-   higher-is-better metric), and a table ranking the continual strategies by ``avg_inc`` with their ``last``, the gap
-   ``last(joint) - last(strategy)`` to the joint upper bound (an offline row: trained on everything at once, one
-   row in its matrix; without one in the suite the column is left out) and their rank by forgetting;
+   (``avg_inc``, ``last``, ``forgetting``, ``bwt``; direction from the spec, except forgetting, the amount lost
+   (:func:`clbench.metrics.summarize_matrix` signs it so), which is lower-is-better for every metric), and a table
+   ranking the continual strategies by ``avg_inc`` with their ``last``, the gap ``last(joint) - last(strategy)``
+   to the joint upper bound (an offline row: trained on everything at once, one row in its matrix; without one in
+   the suite the column is left out) and their rank by forgetting;
 3. the plots: each scenario's score curves inline, its score-matrix heatmaps and parameter curve as links;
 4. the leaderboard (:func:`clbench.leaderboard.to_markdown`);
 5. failed runs with their reasons;
@@ -31,6 +32,8 @@ from clbench.metrics import SUMMARIES, MetricSpec, primary
 
 # how each summary ranks: +1 best = highest, -1 best = lowest, for a higher-is-better metric
 DIRECTION = {"avg_inc": 1, "last": 1, "forgetting": -1, "bwt": 1}
+# summaries whose direction does not follow the metric's: forgetting is the amount lost whatever the metric
+ABSOLUTE = ("forgetting",)
 
 
 def _pm(row: pd.Series, column: str) -> str:
@@ -59,10 +62,11 @@ def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> li
              f"strategies, {len(offline)} offline (joint) row(s).", ""]
     for summary in SUMMARIES:
         pool = rows if summary == "last" else continual
-        best = _best(pool, col[summary], sign * DIRECTION[summary])
+        direction = DIRECTION[summary] * (1 if summary in ABSOLUTE else sign)
+        best = _best(pool, col[summary], direction)
         if len(best):
             names = ", ".join(f"`{s}`" for s in best["strategy"])
-            lines.append(f"- best `{col[summary]}` ({'lowest' if sign * DIRECTION[summary] < 0 else 'highest'}): "
+            lines.append(f"- best `{col[summary]}` ({'lowest' if direction < 0 else 'highest'}): "
                          f"{names} with {_pm(best.iloc[0], col[summary])}")
     joint = _best(offline, col["last"], sign)
     if len(joint):
@@ -72,7 +76,7 @@ def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> li
         lines.append("- no offline (joint) row in this suite: no upper bound to compare with")
     if not len(continual):
         return [*lines, ""]
-    forgetting = pd.to_numeric(continual[col["forgetting"]], errors="coerce") * sign
+    forgetting = pd.to_numeric(continual[col["forgetting"]], errors="coerce")
     forget_rank = forgetting.rank(method="min")            # NaN where undefined (a single experience)
     shown = forgetting.notna().any()
     header = ["rank", "strategy", "seeds", col["avg_inc"], col["last"],
