@@ -1,18 +1,24 @@
 """report.md from records only: the per-scenario summary (best per metric, gap to the joint upper bound, forgetting
-ranking) checked against numbers computed by hand, the plots it links exist, failed runs and provenance are listed;
-``run_bench.py report`` and the end of a suite run write it."""
+ranking) checked line by line against numbers computed by hand, the plots it links, failed runs and provenance;
+``run_bench.py report`` and the end of a suite run write it.
+
+``render`` is checked on made-up plot paths (nothing is drawn); ``write`` draws the plots of one small record."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import tests._fakes  # noqa: F401  (registers test_increasing_logits)
-from clbench import suite_report
+from clbench import leaderboard, suite_report
 from clbench.cli import main
 from clbench.metrics import ACCURACY
 
 ENV = {"machine": "cpu: 2 cores (test)", "device": "cpu", "python": "3.11.7", "git_commit": "abcdef1234567890",
        "packages": {"torch": "2.14.1"}}
+LOSS = {"name": "loss", "unit": "", "higher_is_better": False, "primary": True, "columns": {}}
+OUT = Path("/r/out")                       # render only reads the records and the plot paths: no folder needed
 
 
 def _record(strategy: str, seed: int, avg: float | None, last: float, forgetting: float | None,
@@ -31,45 +37,203 @@ def _record(strategy: str, seed: int, avg: float | None, last: float, forgetting
              "bwt": None if forgetting is None else -forgetting, "train_s": 30.0, "params_M": 1e-5}}
 
 
+def _loss_record(strategy: str, avg: float | None, last: float | None, forgetting: float | None,
+                 bwt: float | None, label: str = "", status: str = "finished") -> dict:
+    """A record of scenario ``z`` whose primary metric is a loss (lower is better, no unit), seed 0."""
+    return {"run_id": f"z__{strategy}__s0", "status": status, "seed": 0, "reason": None,
+            "spec": {"suite": "s", "scenario": {"name": "z", "args": {}},
+                     "strategy": {"name": strategy, "label": label, "preset": "cpu", "args": {}}},
+            "strategy_config": {"preset": "cpu"}, "code_fingerprint": "e" * 16,
+            "env": {"machine": "gpu: 1x test", "device": "cuda", "python": "3.12.1", "git_commit": None,
+                    "packages": {"torch": "2.14.1", "numpy": "2.1.0", "opacus": None}},
+            "metric_specs": [LOSS], "matrices": {"loss": [[1.0]]}, "test_sizes": [10],
+            "started": "2026-01-05T00:00:00+00:00", "finished": None,
+            "metrics": {} if status == "failed" else
+            {"loss_avg_inc": avg, "loss_last": last, "loss_forgetting": forgetting, "loss_bwt": bwt,
+             "train_s": 60.0}}
+
+
 RECORDS = [_record("a", 0, 80.0, 60.0, 30.0), _record("a", 1, 84.0, 64.0, 34.0),       # a: 82 / 62 / 32
            _record("b", 0, 70.0, 66.0, 10.0), _record("b", 1, 72.0, 68.0, 14.0),       # b: 71 / 67 / 12
            _record("joint", 0, None, 90.0, None), _record("joint", 1, None, 92.0, None),  # joint last 91
            _record("c", 0, None, 0.0, None, status="failed", reason="NonFiniteLossError: loss is nan")]
+# z: loss, lower is better; "v" (labelled "p|q") and "u" tie on avg_inc 2.0; "oracle" is the offline row
+LOSS_RECORDS = [_loss_record("u", 2.0, 3.0, 0.5, 0.4), _loss_record("v", 2.0, 2.5, 1.0, -1.0, label="p|q"),
+                _loss_record("oracle", None, 1.5, None, None),
+                _loss_record("w", None, None, None, None, status="failed")]
+LOSS_RECORDS[0]["code_fingerprint"] = None
+del LOSS_RECORDS[2]["env"]
+PLOTS = [OUT / "plots" / name for name in (                 # unsorted; one file of a scenario without rows
+    "z__u__loss__matrix.png", "sc__params.png", "sc__b__accuracy__matrix.png", "other__accuracy.png",
+    "sc__accuracy.png", "z__loss.png", "sc__joint__accuracy__matrix.png", "sc__a__accuracy__matrix.png",
+    "z__p_q__loss__matrix.png")]
 
 
-def test_summary_numbers_plots_failures_and_provenance(tmp_path):
-    path = suite_report.write(tmp_path, RECORDS)
+def test_report_md_line_by_line():
+    """The whole report of two scenarios: counts, time span and training minutes; per scenario the best row per
+    summary (ties listed; a loss's best avg_inc, last and bwt are the lowest, its forgetting too, as for accuracy:
+    forgetting is the amount lost for every metric), the joint upper bound, the ranking table ("|" escaped, gap
+    signed so that positive is worse than joint, forgetting rank 1 = least forgetting); the plots sorted per scenario
+    (curves inline, matrices and params as links); the leaderboard as is; failed runs; provenance deduplicated and
+    sorted, with "unknown" for what a record lacks. Catches any dropped line, wrong word, number, sign or order."""
+    records = RECORDS + LOSS_RECORDS
+    text = suite_report.render(records, PLOTS, OUT)
+    board = leaderboard.to_markdown(leaderboard.build(records)).rstrip()
+    assert text == "\n".join([
+        "# Report: s", "",
+        "Built from the 11 run records in `/r/out/runs/` only (9 finished, 2 failed): 2 scenario(s), 8 strategy "
+        "row(s), seeds 0, 1. Runs from 2026-01-01T00:00:00+00:00 to 2026-01-05T00:00:00+00:00; 6.0 min of training "
+        "in total.", "",
+        "## Summary per scenario", "",
+        "### sc", "",
+        "Primary metric: `accuracy` (%); 2 continual strategies, 1 offline (joint) row(s).", "",
+        "- best `avg_inc_acc` (highest): `a` with 82.00 ± 2.83",
+        "- best `last_acc` (highest): `joint` with 91.00 ± 1.41",
+        "- best `forgetting` (lowest): `b` with 12.00 ± 2.83",
+        "- best `bwt` (highest): `b` with -12.00 ± 2.83",
+        "- joint upper bound: `joint`, `last_acc` 91.00 ± 1.41", "",
+        "| rank | strategy | seeds | avg_inc_acc | last_acc | gap to joint (last_acc) | forgetting | forgetting rank |",
+        "|---|---|---|---|---|---|---|---|",
+        "| 1 | `a` | 2 | 82.00 ± 2.83 | 62.00 ± 2.83 | 29.00 | 32.00 ± 2.83 | 2 |",
+        "| 2 | `b` | 2 | 71.00 ± 1.41 | 67.00 ± 1.41 | 24.00 | 12.00 ± 2.83 | 1 |", "",
+        "Gap to joint: `last_acc` of `joint` minus the strategy's (positive: below the upper bound). Forgetting rank 1 "
+        "= least forgetting.", "",
+        "### z", "",
+        "Primary metric: `loss`; 2 continual strategies, 1 offline (joint) row(s).", "",
+        "- best `loss_avg_inc` (lowest): `p|q`, `u` with 2.00 ± –",
+        "- best `loss_last` (lowest): `oracle` with 1.50 ± –",
+        "- best `loss_forgetting` (lowest): `u` with 0.50 ± –",
+        "- best `loss_bwt` (lowest): `p|q` with -1.00 ± –",
+        "- joint upper bound: `oracle`, `loss_last` 1.50 ± –", "",
+        "| rank | strategy | seeds | loss_avg_inc | loss_last | gap to joint (loss_last) | loss_forgetting | "
+        "forgetting rank |",
+        "|---|---|---|---|---|---|---|---|",
+        "| 1 | `p\\|q` | 1 | 2.00 ± – | 2.50 ± – | 1.00 | 1.00 ± – | 2 |",
+        "| 2 | `u` | 1 | 2.00 ± – | 3.00 ± – | 1.50 | 0.50 ± – | 1 |", "",
+        "Gap to joint: `loss_last` of `oracle` minus the strategy's (positive: below the upper bound). Forgetting rank "
+        "1 = least forgetting.", "",
+        "## Plots", "",
+        "### sc", "",
+        "![sc__accuracy](plots/sc__accuracy.png)", "",
+        "Score matrices R[i, j] (mean over seeds): [a · accuracy](plots/sc__a__accuracy__matrix.png), "
+        "[b · accuracy](plots/sc__b__accuracy__matrix.png), [joint · accuracy](plots/sc__joint__accuracy__matrix.png)",
+        "",
+        "Parameters per step: [plot](plots/sc__params.png)", "",
+        "### z", "",
+        "![z__loss](plots/z__loss.png)", "",
+        "Score matrices R[i, j] (mean over seeds): [p_q · loss](plots/z__p_q__loss__matrix.png), "
+        "[u · loss](plots/z__u__loss__matrix.png)", "",
+        "",
+        "## Leaderboard", "", board, "",
+        "## Failed runs", "",
+        "- `sc__c__s0`: NonFiniteLossError: loss is nan",
+        "- `z__w__s0`: no reason recorded", "",
+        "## Machine and code", "",
+        "- machine: cpu: 2 cores (test); gpu: 1x test; unknown",
+        "- device: cpu, cuda, unknown; python 3.11.7, 3.12.1, ?",
+        "- packages: numpy 2.1.0, torch 2.14.1",
+        "- git commit(s) of the runs: abcdef1234, unknown",
+        "- code fingerprints (3): eeeeeeeeeeeeeeee, ffffffffffffffff, unknown (per row in leaderboard.csv)", ""])
+
+
+def test_without_an_offline_run_there_is_no_gap():
+    """No offline row: the section says there is no upper bound, the table has no gap column and the notes no gap
+    sentence; catches a gap computed against a missing joint."""
+    text = suite_report.render(RECORDS[:4], [], OUT)
+    section = text[text.index("### sc"):text.index("## Plots")]
+    assert section.splitlines() == [
+        "### sc", "",
+        "Primary metric: `accuracy` (%); 2 continual strategies, 0 offline (joint) row(s).", "",
+        "- best `avg_inc_acc` (highest): `a` with 82.00 ± 2.83",
+        "- best `last_acc` (highest): `b` with 67.00 ± 1.41",
+        "- best `forgetting` (lowest): `b` with 12.00 ± 2.83",
+        "- best `bwt` (highest): `b` with -12.00 ± 2.83",
+        "- no offline (joint) row in this suite: no upper bound to compare with", "",
+        "| rank | strategy | seeds | avg_inc_acc | last_acc | forgetting | forgetting rank |",
+        "|---|---|---|---|---|---|---|",
+        "| 1 | `a` | 2 | 82.00 ± 2.83 | 62.00 ± 2.83 | 32.00 ± 2.83 | 2 |",
+        "| 2 | `b` | 2 | 71.00 ± 1.41 | 67.00 ± 1.41 | 12.00 ± 2.83 | 1 |", "",
+        "Forgetting rank 1 = least forgetting.", ""]
+
+
+def test_a_single_experience_has_no_forgetting_columns():
+    """Forgetting and bwt undefined (one experience): no best line for them, no forgetting columns, the note says
+    why; a strategy tied on rank keeps its leaderboard order. Catches a best line or rank shown for undefined
+    values."""
+    records = [_record("a", 0, 50.0, 50.0, None), _record("b", 0, 40.0, 40.0, None)]
+    text = suite_report.render(records, [], OUT)
+    section = text[text.index("### sc"):text.index("## Plots")]
+    assert section.splitlines() == [
+        "### sc", "",
+        "Primary metric: `accuracy` (%); 2 continual strategies, 0 offline (joint) row(s).", "",
+        "- best `avg_inc_acc` (highest): `a` with 50.00 ± –",
+        "- best `last_acc` (highest): `a` with 50.00 ± –",
+        "- no offline (joint) row in this suite: no upper bound to compare with", "",
+        "| rank | strategy | seeds | avg_inc_acc | last_acc |",
+        "|---|---|---|---|---|",
+        "| 1 | `a` | 1 | 50.00 ± – | 50.00 ± – |",
+        "| 2 | `b` | 1 | 40.00 ± – | 40.00 ± – |", "",
+        "Forgetting is undefined here (a single experience).", ""]
+
+
+def test_a_scenario_of_offline_runs_only_has_no_table():
+    """Only a joint run: its last is the best and the upper bound, and no ranking table follows; catches a table of
+    zero rows or a missing best line."""
+    text = suite_report.render(RECORDS[4:5], [], OUT)
+    section = text[text.index("### sc"):text.index("## Plots")]
+    assert section.splitlines() == [
+        "### sc", "",
+        "Primary metric: `accuracy` (%); 0 continual strategies, 1 offline (joint) row(s).", "",
+        "- best `last_acc` (highest): `joint` with 90.00 ± –",
+        "- joint upper bound: `joint`, `last_acc` 90.00 ± –", ""]
+
+
+def test_a_forgetting_undefined_for_one_strategy_is_a_dash_and_ranks_are_shared_on_ties():
+    """A strategy without forgetting shows "–" in both forgetting cells; equal forgetting shares the lowest rank
+    (1, 1, not 1, 2); a continual row without last shows "–" as its gap. Catches NaN ranked or printed as a number
+    and ranks by order instead of value."""
+    records = [_record("a", 0, 80.0, 60.0, 10.0), _record("b", 0, 70.0, 66.0, 10.0),
+               _record("c", 0, 60.0, 50.0, None), _record("joint", 0, None, 90.0, None)]
+    records[2]["metrics"]["last_acc"] = None
+    lines = suite_report.render(records, [], OUT).splitlines()
+    assert [line for line in lines if line.startswith("| ") and line[2].isdigit()] == [
+        "| 1 | `a` | 1 | 80.00 ± – | 60.00 ± – | 30.00 | 10.00 ± – | 1 |",
+        "| 2 | `b` | 1 | 70.00 ± – | 66.00 ± – | 24.00 | 10.00 ± – | 1 |",
+        "| 3 | `c` | 1 | 60.00 ± – | – | – | – | – |"]
+    assert "- best `forgetting` (lowest): `a`, `b` with 10.00 ± –" in lines
+
+
+def test_no_records_give_a_report_that_says_so():
+    """Zero records: "no runs" in the title, zero counts, no time span, empty sections; catches a crash or a made-up
+    count on an empty folder."""
+    text = suite_report.render([], [], OUT)
+    board = leaderboard.to_markdown(leaderboard.build([])).rstrip()
+    assert text == "\n".join([
+        "# Report: no runs", "",
+        "Built from the 0 run records in `/r/out/runs/` only (0 finished, 0 failed): 0 scenario(s), 0 strategy "
+        "row(s), seeds .", "",
+        "## Summary per scenario", "", "## Plots", "", "## Leaderboard", "", board, "",
+        "## Machine and code", "",
+        "- machine: ", "- device: ; python ", "- packages: unknown", "- git commit(s) of the runs: ",
+        "- code fingerprints (0):  (per row in leaderboard.csv)", ""])
+
+
+def test_write_reads_the_folder_and_draws_the_plots_it_links(tmp_path):
+    """``write`` with no records reads ``<out>/runs``, with no plots draws them into ``<out>/plots``, writes
+    ``report.md`` there and returns its path; every image it links exists. Catches defaults that are ignored
+    (records or plots) and links to files that were not written."""
+    (tmp_path / "runs").mkdir()
+    record = _record("a", 0, 80.0, 60.0, 30.0)
+    (tmp_path / "runs" / "sc__a__s0.json").write_text(json.dumps(record))
+    path = suite_report.write(tmp_path)
+    assert path == tmp_path / "report.md"
     text = path.read_text()
-    assert "7 run records" in text and "(6 finished, 1 failed)" in text
-    assert "3.0 min of training in total" in text                                  # 6 finished x 30 s
-    assert "- best `avg_inc_acc` (highest): `a` with 82.00 ± 2.83" in text
-    assert "- best `last_acc` (highest): `joint` with 91.00 ± 1.41" in text
-    assert "- best `forgetting` (lowest): `b` with 12.00 ± 2.83" in text
-    assert "- best `bwt` (highest): `b` with -12.00 ± 2.83" in text
-    assert "- joint upper bound: `joint`, `last_acc` 91.00 ± 1.41" in text
-    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| \d+ \| `(\w+)` .*$", text, re.M)}
-    assert set(rows) == {"a", "b"}                                                 # continual rows only
-    assert rows["a"] == "| 1 | `a` | 2 | 82.00 ± 2.83 | 62.00 ± 2.83 | 29.00 | 32.00 ± 2.83 | 2 |"
-    assert rows["b"] == "| 2 | `b` | 2 | 71.00 ± 1.41 | 67.00 ± 1.41 | 24.00 | 12.00 ± 2.83 | 1 |"
-    images = re.findall(r"\]\((plots/[^)]+\.png)\)", text)
-    assert "plots/sc__accuracy.png" in images and "plots/sc__a__accuracy__matrix.png" in images
-    assert all((tmp_path / image).is_file() for image in images)
-    assert "- `sc__c__s0`: NonFiniteLossError: loss is nan" in text
-    assert "cpu: 2 cores (test)" in text and "abcdef1234" in text and "torch 2.14.1" in text
-    assert "| s | sc | a | cpu |" in text                                           # the leaderboard
-
-
-def test_without_an_offline_run_there_is_no_gap(tmp_path):
-    text = suite_report.write(tmp_path, RECORDS[:4]).read_text()
-    assert "no offline (joint) row in this suite: no upper bound" in text
-    assert "| 1 | `a` | 2 | 82.00 ± 2.83 | 62.00 ± 2.83 | 32.00 ± 2.83 | 2 |" in text and "gap to joint" not in text
-
-
-def test_a_single_experience_has_no_forgetting_columns(tmp_path):
-    text = suite_report.write(tmp_path, [_record("a", 0, 50.0, 50.0, None), _record("b", 0, 40.0, 40.0, None)]
-                              ).read_text()
-    assert "| 1 | `a` | 1 | 50.00 ± – | 50.00 ± – |" in text and "forgetting rank" not in text
-    assert "Forgetting is undefined here (a single experience)." in text
+    assert text == suite_report.render([record], sorted((tmp_path / "plots").iterdir()), tmp_path)
+    links = re.findall(r"\]\((plots/[^)]+\.png)\)", text)
+    assert links == ["plots/sc__accuracy.png", "plots/sc__a__accuracy__matrix.png"]
+    assert all((tmp_path / link).is_file() for link in links)
+    given = suite_report.write(tmp_path, [record], [])
+    assert "## Plots\n\n### sc\n\n\n\n## Leaderboard" in given.read_text()
 
 
 def test_run_and_report_commands_write_report_md(tiny_suite, tmp_path, capsys):
