@@ -1,0 +1,429 @@
+"""The privacy accounting glue, fast (no training): budgets refused with their exact messages, δ = 1/n by default,
+σ calibrated and ε reported as opacus computes them, Poisson batches (rates, sizes, seeds), the private step's
+clipped and noised gradient against a naive per-sample clip-and-sum with the exact seeded noise, and the ledger of
+training calls (files written per member, read back, the run's ε the largest of its calls)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opacus.accountants import RDPAccountant
+from opacus.accountants.utils import get_noise_multiplier
+from torch import nn
+
+from clbench.callbacks import CallbackContext
+from clbench.privacy import step
+from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
+from clbench.privacy.rules import UnsupportedLayerError
+from clbench.privacy.sampling import PoissonPlan
+from clbench.privacy.step import PRIVATE_STRATEGIES, DPConfig, PrivateTraining, TrainingCall, check_private_strategy
+
+
+@pytest.fixture(autouse=True)
+def _ledger(monkeypatch):
+    """Each test starts with an empty ledger of training calls (a process-wide dict)."""
+    monkeypatch.setattr(step, "LEDGER", {})
+
+
+def _exact(message: str) -> str:
+    """A pattern matching exactly ``message``."""
+    return f"^{re.escape(message)}$"
+
+
+def _refused(message: str):
+    return pytest.raises(PrivacyBudgetError, match=_exact(message))
+
+
+# ------------------------------------------------------------------------------------------------ budgets
+@pytest.mark.parametrize("config, message", [
+    ({}, "dp: give exactly one of epsilon (a target budget; the noise is calibrated) or noise_multiplier (sigma; "
+         "epsilon is then reported)."),
+    ({"epsilon": 3.0, "noise_multiplier": 1.0}, "dp: give exactly one of epsilon (a target budget; the noise is "
+                                                "calibrated) or noise_multiplier (sigma; epsilon is then reported)."),
+    ({"epsilon": 0.0}, "dp: epsilon must be a finite number > 0, got 0.0."),
+    ({"epsilon": -1.0}, "dp: epsilon must be a finite number > 0, got -1.0."),
+    ({"epsilon": math.inf}, "dp: epsilon must be a finite number > 0, got inf."),
+    ({"epsilon": math.nan}, "dp: epsilon must be a finite number > 0, got nan."),
+    ({"noise_multiplier": 0.0}, "dp: noise_multiplier must be a finite number > 0, got 0.0."),
+    ({"noise_multiplier": math.inf}, "dp: noise_multiplier must be a finite number > 0, got inf."),
+    ({"noise_multiplier": math.nan}, "dp: noise_multiplier must be a finite number > 0, got nan."),
+    ({"epsilon": 3.0, "delta": 0.0}, "dp: delta must lie in (0, 1) (default 1/n), got 0.0."),
+    ({"epsilon": 3.0, "delta": 1.0}, "dp: delta must lie in (0, 1) (default 1/n), got 1.0."),
+    ({"epsilon": 3.0, "delta": 1.5}, "dp: delta must lie in (0, 1) (default 1/n), got 1.5."),
+    ({"epsilon": 3.0, "clip": 0.0}, "dp: clip (the clipping norm R) must be > 0, got 0.0."),
+    ({"epsilon": 3.0, "clip": math.inf}, "dp: clip (the clipping norm R) must be > 0, got inf."),
+    ({"epsilon": 3.0, "clipping": "adaptive"}, "dp: clipping must be one of ['automatic', 'flat'], got 'adaptive'."),
+    ({"epsilon": 3.0, "gamma": 0.0}, "dp: gamma (automatic clipping) must be > 0, got 0.0."),
+    ({"epsilon": 3.0, "gamma": -0.5}, "dp: gamma (automatic clipping) must be > 0, got -0.5."),
+])
+def test_unusable_budgets_are_refused_with_the_exact_message(config, message):
+    """Each refused budget (ε or σ missing or both, ε/σ not finite or ≤ 0, δ outside (0, 1), R ≤ 0 or infinite,
+    unknown clipping, γ ≤ 0) raises the one line that says what to change; catches a weakened bound or an
+    altered message."""
+    with _refused(message):
+        DPConfig(**config)
+
+
+@pytest.mark.parametrize("config", [
+    {"epsilon": 0.5}, {"noise_multiplier": 0.5}, {"epsilon": 3.0, "delta": 0.5}, {"epsilon": 3.0, "delta": 1e-9},
+    {"epsilon": 3.0, "delta": 0.999}, {"epsilon": 3.0, "clip": 0.5}, {"epsilon": 3.0, "gamma": 0.5},
+    {"epsilon": 3.0, "clipping": "automatic"},
+])
+def test_usable_budgets_near_the_bounds_are_accepted(config):
+    """Values just inside each bound (ε, σ, R, γ in (0, 1); δ near 0 and 1; automatic clipping) pass; catches a
+    bound tightened to ≥ 1 or a closed interval."""
+    assert DPConfig(**config) == DPConfig(**{**{"epsilon": None}, **config})
+
+
+def test_dp_arguments_reach_the_budget_in_order_with_the_documented_defaults():
+    """``dp`` callback arguments map to DPConfig fields one to one, defaults R = 1, flat clipping, γ = 0.01, δ and σ
+    unset; catches a swapped argument or a changed default."""
+    assert PrivateTraining(epsilon=3.0).config == DPConfig(epsilon=3.0, delta=None, clip=1.0, clipping="flat",
+                                                           noise_multiplier=None, gamma=0.01)
+    assert PrivateTraining(None, 1e-4, 2.0, "automatic", 1.5, 0.5).config == DPConfig(
+        epsilon=None, delta=1e-4, clip=2.0, clipping="automatic", noise_multiplier=1.5, gamma=0.5)
+
+
+def test_strategies_that_reuse_samples_are_refused_and_private_ones_accepted():
+    """The allow-list: replay is refused with the exact line listing the private strategies; each listed one is
+    accepted; catches an inverted check or an altered message."""
+    for name in PRIVATE_STRATEGIES:
+        check_private_strategy(name)
+    with _refused("dp: strategy 'replay' is not known to use each sample in one training call only, so its epsilon "
+                  "cannot be accounted; private strategies: model_soup, naive, nlft, seqrec, sisa, taft, "
+                  "taft_shards."):
+        check_private_strategy("replay")
+
+
+# ------------------------------------------------------------------------------------------------ accountant
+def test_epsilon_of_a_history_is_opacus_rdp_composition():
+    """ε of two composed (σ, q, steps) calls equals opacus's RDPAccountant stepped through the same calls (ints and
+    tensors accepted as numbers); catches a dropped call, swapped fields or a wrong δ."""
+    reference = RDPAccountant()
+    for sigma, q, steps in [(0.9, 0.01, 300), (1.4, 0.05, 40)]:
+        for _ in range(steps):
+            reference.step(noise_multiplier=sigma, sample_rate=q)
+    f64 = torch.float64
+    history = [(torch.tensor(0.9, dtype=f64), 0.01, 300), (1.4, torch.tensor(0.05, dtype=f64), torch.tensor(40))]
+    assert epsilon(history, 1e-5) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
+    assert epsilon(history, 1e-3) < epsilon(history, 1e-5)
+
+
+def test_noise_multiplier_is_opacus_calibration_and_meets_the_budget():
+    """σ for (ε = 3, δ = 1e-5, q = 0.01, 1000 steps) is opacus's RDP search result (0.8655 in STACK_NOTES) and its
+    ε lands within opacus's tolerance below the target; catches another accountant or a rounded σ."""
+    sigma = noise_multiplier(3.0, 1e-5, 0.01, 1000)
+    assert sigma == get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=0.01, steps=1000,
+                                         accountant="rdp")
+    assert sigma == pytest.approx(0.8655, abs=1e-3)
+    assert 2.98 < epsilon([(sigma, 0.01, 1000)], 1e-5) <= 3.0
+
+
+def test_an_unreachable_epsilon_is_refused_naming_the_schedule():
+    """No σ reaches ε = 1e-9: the refusal names ε, δ, steps and rate and says what to change."""
+    with pytest.raises(PrivacyBudgetError, match=re.escape(
+            "dp: no noise multiplier reaches epsilon=1e-09 at delta=1e-05 for 50 steps at sampling rate 0.1 "
+            "(opacus: ") + ".+" + re.escape("); raise epsilon or train fewer steps.")):
+        noise_multiplier(1e-9, 1e-5, 0.1, 50)
+
+
+def test_without_opacus_the_accountant_says_which_extra_to_install(monkeypatch):
+    """opacus missing: the exact line naming the dp extra (not an ImportError from deep inside)."""
+    monkeypatch.setitem(sys.modules, "opacus.accountants.utils", None)
+    with _refused("dp: private training needs opacus for its accountant; install the dp extra: "
+                  "pip install 'clbench[dp]'."):
+        epsilon([(1.0, 0.1, 10)], 1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ Poisson sampling
+@pytest.mark.parametrize("n, batch_size, rate, steps", [(10, 4, 0.4, 3), (12, 4, 1 / 3, 3), (5, 8, 1.0, 1),
+                                                         (1, 1, 1.0, 1)])
+def test_poisson_plan_rate_and_steps_per_epoch(n, batch_size, rate, steps):
+    """q = min(1, b/n) and ⌈n/b⌉ steps per epoch (computed by hand); catches a rate above 1 or a floored count."""
+    plan = PoissonPlan.for_batch_size(n, batch_size)
+    assert (plan.n, plan.sample_rate, plan.steps_per_epoch) == (n, pytest.approx(rate, rel=1e-15), steps)
+
+
+@pytest.mark.parametrize("n, batch_size", [(0, 4), (4, 0), (-1, -1)])
+def test_poisson_plan_refuses_empty_data_or_batches(n, batch_size):
+    """n < 1 or b < 1: the exact line with both values; catches a weakened check."""
+    with pytest.raises(ValueError, match=_exact(f"Poisson sampling needs n >= 1 and batch_size >= 1, got n={n}, "
+                                                f"batch_size={batch_size}")):
+        PoissonPlan.for_batch_size(n, batch_size)
+
+
+def test_poisson_draws_take_each_sample_whose_uniform_is_below_the_rate():
+    """One uniform per sample per step from the loop's generator, the sample taken when it is below q (the
+    Bernoulli(q) draw the accountant assumes): the batches are reproducible from the seed; catches another
+    stream, a step too many or too few, or indices of the samples left out."""
+    plan = PoissonPlan(n=8, sample_rate=0.4, steps_per_epoch=5)
+    uniforms = torch.rand(5, 8, generator=torch.Generator().manual_seed(4))
+    expected = [[i for i in range(8) if u[i] < 0.4] for u in uniforms]
+    assert all(expected)                                 # no empty step for this seed
+    assert [b.tolist() for b in plan(torch.Generator().manual_seed(4))] == expected
+
+
+def test_poisson_draws_skip_empty_steps_and_take_everything_at_rate_one():
+    """q = 0 gives no batch at all (empty draws are skipped, not yielded); q = 1 gives every sample each step."""
+    assert list(PoissonPlan(4, 0.0, 3)(torch.Generator().manual_seed(0))) == []
+    assert [b.tolist() for b in PoissonPlan(4, 1.0, 3)(torch.Generator().manual_seed(0))] == [[0, 1, 2, 3]] * 3
+
+
+def test_poisson_batch_sizes_average_the_expected_batch():
+    """Sizes vary (Binomial) and average b: over 200 steps of n = 1000, q = 0.05, the mean is 50 ± 1.5 (4 standard
+    errors of sqrt(1000·0.05·0.95/200) = 0.35)."""
+    plan = PoissonPlan.for_batch_size(1000, 50)
+    generator = torch.Generator().manual_seed(0)
+    sizes = [len(b) for _ in range(10) for b in plan(generator)]
+    assert len(sizes) == 200 and len(set(sizes)) > 5 and abs(sum(sizes) / 200 - 50) < 1.5
+
+
+# ------------------------------------------------------------------------------------------------ the dp callback
+class Net(nn.Module):
+    """A two-layer MLP in float64 with a frozen bias and a layer the forward never calls (its parameters get no
+    gradient)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+        self.body[0].bias.requires_grad_(False)
+        self.unused = nn.Linear(2, 2).double()
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _callback(model, n_train=100, run_id="r", member="", artifacts=None, **config):
+    callback = PrivateTraining(**{"noise_multiplier": 1.0, "delta": 1e-5, **config})
+    callback.setup(CallbackContext(run_id=run_id, artifacts=artifacts, modules=lambda: {"m": model}, member=member,
+                                   n_train=n_train))
+    return callback
+
+
+def test_default_delta_is_one_over_the_stream_size_and_needs_it():
+    """δ = 1/n (n the stream's training samples, 250 → 0.004); n unknown (< 2) without δ is refused with the exact
+    line, a given δ needs no n; catches a changed default or a refusal of a given δ."""
+    assert _callback(None, n_train=250, delta=None).delta == 1 / 250
+    assert _callback(None, n_train=2, delta=None).delta == 0.5
+    assert _callback(None, n_train=0, delta=1e-5).delta == 1e-5
+    for n in (0, 1):
+        with _refused("dp: delta is not given and the run's number of training samples is unknown; set dp.delta."):
+            _callback(None, n_train=n, delta=None)
+
+
+def test_a_training_call_is_calibrated_to_the_budget_at_its_rate_and_steps():
+    """ε = 2, δ = 1/50, n = 20, b = 5, 2 epochs: q = 0.25, 8 steps, σ = opacus's calibration for them; the call is
+    in the run's ledger and the run reports ε ≤ 2 (within opacus's tolerance), σ and δ; catches a wrong rate, step
+    count, δ or σ (the calibration itself is pinned against opacus by the accountant tests)."""
+    callback = _callback(None, n_train=50, run_id="cal", delta=None, noise_multiplier=None, epsilon=2.0)
+    callback.context.modules = lambda: {"m": nn.Linear(2, 2)}
+    callback.batch_sampler(20, 5, 2)
+    sigma = noise_multiplier(2.0, 0.02, 0.25, 8)            # opacus's calibration (pinned above), cached
+    call = callback.call
+    assert (call.n, call.batch_size, call.epochs, call.sample_rate, call.steps, call.sigma, call.member) == \
+        (20, 5, 2, 0.25, 8, sigma, "")
+    assert step.LEDGER == {"cal": {call.id: call}}
+    extra = callback.extra_metrics()
+    assert extra == {"epsilon": epsilon([(sigma, 0.25, 8)], 0.02), "noise_multiplier": sigma, "delta": 0.02}
+    assert 1.98 < extra["epsilon"] <= 2.0
+
+
+def test_a_given_noise_multiplier_is_used_as_is_and_batches_are_poisson_draws_from_the_loop_generator():
+    """σ given: no calibration. The plan's epochs are PoissonPlan draws from the loop's generator, the first after
+    one draw of ``randint(2**62)`` that seeds the noise stream once per callback (later epochs continue the stream
+    and keep the noise generator); catches a different schedule, a re-seeded or unseeded noise stream."""
+    callback = _callback(nn.Linear(2, 2).double(), member="shard1", noise_multiplier=1.3)
+    plan = callback.batch_sampler(10, 4, 3)
+    assert (callback.call.sample_rate, callback.call.steps, callback.call.sigma, callback.call.member) == \
+        (0.4, 9, 1.3, "shard1")
+    loop, mirror = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    seed = int(torch.randint(2**62, (), generator=mirror))
+    reference = PoissonPlan(10, 0.4, 3)
+    assert [b.tolist() for b in plan(loop)] == [b.tolist() for b in reference(mirror)]
+    noise = callback.noise
+    assert noise.initial_seed() == seed
+    assert [b.tolist() for b in plan(loop)] == [b.tolist() for b in reference(mirror)]
+    assert callback.noise is noise
+
+
+def _naive(model, x, y, clip, clipping, gamma):
+    """Per-sample gradients by one backward per sample: their norms and the clipped sum Σ_i C_i g_i."""
+    params = [p for p in model.parameters() if p.requires_grad and p is not model.unused.weight
+              and p is not model.unused.bias]
+    grads = [torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]), params) for i in range(len(x))]
+    norms = torch.stack([torch.sqrt(sum(g.square().sum() for g in gi)) for gi in grads])
+    factors = (clip / (norms + 1e-6)).clamp(max=1.0) if clipping == "flat" else clip / (norms + gamma)
+    return params, norms, [sum(factors[i] * grads[i][k] for i in range(len(x))) for k in range(len(params))]
+
+
+@pytest.mark.parametrize("clipping, gamma", [("flat", 0.01), ("automatic", 0.3)])
+def test_private_gradient_is_the_clipped_sum_plus_seeded_noise_over_the_expected_batch(clipping, gamma):
+    """Batch of 6 at q = 0.5 of n = 16 (B̄ = 8), R = the median per-sample norm (some clipped, some not), σ = 1.3:
+    each gradient becomes Σ_i C_i g_i / B̄ + (the loss's batch-independent ridge term) + σR/B̄ · z, z drawn from the
+    noise stream seeded by the plan, parameter by parameter; the frozen and the uncalled parameters are left alone,
+    the per-sample norms are returned and the step is counted; catches any wrong factor in the clipped sum, the
+    noise scale or stream, the clipping rule or γ, or a dropped parameter filter."""
+    model, ridge, sigma = Net(), 0.2, 1.3
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g)
+    probe = _naive(model, x, y, 1.0, clipping, gamma)[1]
+    clip = float(probe.median())
+    params, norms, clipped = _naive(model, x, y, clip, clipping, gamma)
+    assert (norms > clip + 1e-3).any() and (norms < clip - 1e-3).any()
+
+    callback = _callback(model, clip=clip, clipping=clipping, gamma=gamma, noise_multiplier=sigma)
+    plan = callback.batch_sampler(16, 8, 1)
+    loop, mirror = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    list(plan(loop))
+    noise = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=mirror)))
+    model.zero_grad()
+    callback.on_batch_start(x, y)
+    loss = F.cross_entropy(model(x), y) + ridge * sum(p.square().sum() for p in params)
+    loss.backward()
+    got = callback.privatize([p for p in model.parameters() if p.requires_grad and p.grad is not None])
+    for p, summed in zip(params, clipped):
+        z = torch.randn(p.shape, generator=noise, dtype=torch.float64)
+        torch.testing.assert_close(p.grad, summed / 8 + 2 * ridge * p.detach() + sigma * clip / 8 * z,
+                                   rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(got, norms, rtol=1e-9, atol=1e-12)
+    assert model.body[0].bias.grad is None and model.unused.weight.grad is None
+    assert callback.call.steps_taken == 1
+
+
+def test_after_backward_privatizes_only_parameters_with_a_gradient():
+    """The hook passes the trainable parameters that received a gradient (an uncalled layer's would be refused as
+    unexplained): after one step every such gradient has changed and the step is counted."""
+    model = Net()
+    callback = _callback(model, noise_multiplier=0.5)
+    list(callback.batch_sampler(16, 8, 1)(torch.Generator().manual_seed(0)))
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    callback.on_batch_start(x, y)
+    F.cross_entropy(model(x), y).backward()
+    before = [p.grad.clone() for p in model.body.parameters() if p.grad is not None]
+    callback.after_backward(model)
+    after = [p.grad for p in model.body.parameters() if p.grad is not None]
+    assert len(after) == 3 and all(not torch.equal(a, b) for a, b in zip(after, before))
+    assert callback.call.steps_taken == 1 and callback.batch == 5
+
+
+def test_a_parameter_the_rules_leave_out_is_refused(monkeypatch):
+    """A rule that gives no per-sample gradient for a parameter: the exact line with the shapes (the parameter
+    would be updated without clipping or noise)."""
+    model = nn.Linear(3, 2).double()
+    callback = _callback(model)
+    list(callback.batch_sampler(16, 8, 1)(torch.Generator().manual_seed(0)))
+    x = torch.randn(4, 3, dtype=torch.float64)
+    callback.on_batch_start(x, torch.zeros(4))
+    model(x).sum().backward()
+    monkeypatch.setattr(callback.tape, "weighted_grads", lambda w: {})
+    with pytest.raises(UnsupportedLayerError, match=re.escape(
+            "dp: the layer rules gave no per-sample gradient for parameters of shapes [(2, 3), (2,)]; they would be "
+            "updated without clipping or noise.")):
+        callback.after_backward(model)
+
+
+def test_a_loop_that_does_not_ask_for_its_batches_is_refused():
+    """on_batch_start before any batch_sampler call: the exact line naming the loops that do ask."""
+    callback = _callback(nn.Linear(2, 2))
+    with pytest.raises(RuntimeError, match=_exact(
+            "dp: this training loop did not ask the callbacks for its minibatches (Callback.batch_sampler), so it "
+            "cannot draw Poisson batches; use clbench.training.fit or an Avalanche template bridged with "
+            "clbench.callbacks.bridge.")):
+        callback.on_batch_start(torch.zeros(3, 2), torch.zeros(3))
+
+
+def test_each_training_call_hooks_the_current_modules_and_closing_unhooks():
+    """A new training call replaces the tape (the old one's hooks removed, the modules of now hooked); on_batch_start
+    forgets the last batch's records; close removes the hooks; catches hooks left behind (they would record every
+    later forward)."""
+    model = nn.Linear(3, 2).double()
+    callback = _callback(model)
+    callback.batch_sampler(16, 8, 1)
+    first = callback.tape
+    x = torch.randn(4, 3, dtype=torch.float64)
+    model(x)
+    assert list(first.calls) == [model]
+    callback.batch_sampler(16, 8, 1)
+    assert callback.tape is not first and first.handles == [] and callback.tape.handles
+    callback.on_batch_start(x, torch.zeros(4))
+    assert callback.tape.calls == {}
+    second = callback.tape
+    callback.close()
+    model(x)
+    assert callback.tape is None and second.handles == [] and second.calls == {}
+
+
+def test_the_run_process_starts_a_fresh_ledger_and_members_keep_it(tmp_path):
+    """setup in the run's own process empties the run's ledger and deletes its stale call files (``*.json`` only);
+    a member's setup (another process's share of the same run) touches neither."""
+    folder = tmp_path / "privacy"
+    folder.mkdir()
+    (folder / "old.json").write_text("[]")
+    (folder / "notes.txt").write_text("kept")
+    step.LEDGER["r"] = {"x": "stale"}
+    _callback(None, member="shard0", artifacts=tmp_path)
+    assert step.LEDGER["r"] == {"x": "stale"} and (folder / "old.json").exists()
+    _callback(None, artifacts=tmp_path)
+    assert step.LEDGER["r"] == {} and sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    _callback(None, run_id="other")                     # no artifacts folder: nothing to delete
+    assert step.LEDGER["other"] == {}
+
+
+def _call(sigma, q, steps, member="", **kw):
+    return TrainingCall(n=100, batch_size=int(q * 100), epochs=1, sample_rate=q, steps=steps, sigma=sigma,
+                        member=member, **kw)
+
+
+def test_close_writes_this_process_calls_per_member_and_the_run_reads_them_back(tmp_path):
+    """A member writes only its own calls to ``privacy/<member>-<8 hex>.json`` (the run's process to ``run-...``);
+    the run's process reads the files back, keeping its own record of a call it holds; ε is the largest per-call
+    ε (disjoint data) at the run's δ, σ the largest σ; a member reports nothing; catches calls lost between
+    processes, double counting or min for max."""
+    run = _callback(None, artifacts=tmp_path, delta=1e-3)
+    member = _callback(None, artifacts=tmp_path, member="shard0", delta=1e-3)
+    mine, theirs = _call(2.0, 0.1, 30, steps_taken=30), _call(0.8, 0.05, 40, member="shard0", steps_taken=40)
+    step.LEDGER["r"].update({mine.id: mine, theirs.id: theirs})
+    member.close()
+    (written,) = (tmp_path / "privacy").iterdir()
+    assert re.fullmatch(r"shard0-[0-9a-f]{8}\.json", written.name)
+    assert json.loads(written.read_text()) == [{"n": 100, "batch_size": 5, "epochs": 1, "sample_rate": 0.05,
+                                                "steps": 40, "sigma": 0.8, "member": "shard0", "steps_taken": 40,
+                                                "id": theirs.id}]
+    assert member.extra_metrics() == {}
+    run.close()
+    names = sorted(p.name.split("-")[0] for p in (tmp_path / "privacy").iterdir())
+    assert names == ["run", "shard0"]
+
+    step.LEDGER["r"] = {mine.id: mine}                   # the run's process did not see the member's call
+    calls = run.calls()
+    assert calls[0] is mine and calls[1] == theirs and len(calls) == 2
+    spent = [epsilon([(2.0, 0.1, 30)], 1e-3), epsilon([(0.8, 0.05, 40)], 1e-3)]
+    assert spent[0] != spent[1]
+    assert run.extra_metrics() == {"epsilon": max(spent), "noise_multiplier": 2.0, "delta": 1e-3}
+
+
+def test_close_without_a_folder_or_calls_writes_nothing(tmp_path):
+    """No artifacts folder: calls stay in memory only (no error); no calls: no file and no empty folder."""
+    callback = _callback(None, delta=1e-3)
+    call = _call(1.0, 0.1, 10)
+    step.LEDGER["r"][call.id] = call
+    callback.close()
+    assert callback.calls() == [call]
+    empty = _callback(None, run_id="e", artifacts=tmp_path)
+    empty.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_without_any_private_call_cannot_report_epsilon(tmp_path):
+    """No training call recorded (the loop never asked for batches): the exact line instead of ε = 0."""
+    callback = _callback(None, artifacts=tmp_path)
+    with pytest.raises(RuntimeError, match=_exact("dp: no private training call was recorded for this run, so no "
+                                                  "epsilon can be reported.")):
+        callback.extra_metrics()
