@@ -154,15 +154,16 @@ def test_hook_trace_without_an_artifacts_folder_writes_nothing(tmp_path, monkeyp
 
 def test_hook_trace_writes_1000_batch_groups_by_default_and_counts_the_rest(tmp_path):
     """The default ``batches`` (1000, evaluated when ``HookTrace`` is defined): a trace built without arguments writes
-    the 1000th batch and not the 1001st; catches a changed default."""
+    the 1000th batch and not the 1001st, into an artifacts folder it creates with its parents; catches a changed
+    default or a folder not created."""
     trace = HookTrace()
-    trace.setup(CallbackContext(artifacts=tmp_path))
+    trace.setup(CallbackContext(artifacts=tmp_path / "artifacts" / "run"))
     trace.on_experience_start(0)
     x, y = torch.zeros(1, 1), torch.zeros(1)
     for _ in range(1001):
         trace.on_batch_start(x, y)
     trace.on_experience_end(0)
-    lines = (tmp_path / "hooks.jsonl").read_text().splitlines()
+    lines = (tmp_path / "artifacts" / "run" / "hooks.jsonl").read_text().splitlines()
     assert len(lines) == 1 + 1000 + 1 and json.loads(lines[-1])["batches"] == 1001
 
 

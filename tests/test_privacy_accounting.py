@@ -299,7 +299,8 @@ def test_private_gradient_is_the_clipped_sum_plus_seeded_noise_over_the_expected
 
 def test_after_backward_privatizes_only_parameters_with_a_gradient():
     """The hook passes the trainable parameters that received a gradient (an uncalled layer's would be refused as
-    unexplained): after one step every such gradient has changed and the step is counted."""
+    unexplained): after a step every such gradient has changed; each step is counted (2 after two) with its batch
+    size; catches a dropped filter or a step count that does not accumulate."""
     model = Net()
     callback = _callback(model, noise_multiplier=0.5)
     list(callback.batch_sampler(16, 8, 1)(torch.Generator().manual_seed(0)))
@@ -311,6 +312,11 @@ def test_after_backward_privatizes_only_parameters_with_a_gradient():
     after = [p.grad for p in model.body.parameters() if p.grad is not None]
     assert len(after) == 3 and all(not torch.equal(a, b) for a, b in zip(after, before))
     assert callback.call.steps_taken == 1 and callback.batch == 5
+    model.zero_grad()
+    callback.on_batch_start(x[:3], y[:3])
+    F.cross_entropy(model(x[:3]), y[:3]).backward()
+    callback.after_backward(model)
+    assert callback.call.steps_taken == 2 and callback.batch == 3
 
 
 def test_a_parameter_the_rules_leave_out_is_refused(monkeypatch):
@@ -386,19 +392,20 @@ def test_close_writes_this_process_calls_per_member_and_the_run_reads_them_back(
     the run's process reads the files back, keeping its own record of a call it holds; ε is the largest per-call
     ε (disjoint data) at the run's δ, σ the largest σ; a member reports nothing; catches calls lost between
     processes, double counting or min for max."""
-    run = _callback(None, artifacts=tmp_path, delta=1e-3)
-    member = _callback(None, artifacts=tmp_path, member="shard0", delta=1e-3)
+    artifacts = tmp_path / "artifacts" / "r"                # created by the first writer, parents included
+    run = _callback(None, artifacts=artifacts, delta=1e-3)
+    member = _callback(None, artifacts=artifacts, member="shard0", delta=1e-3)
     mine, theirs = _call(2.0, 0.1, 30, steps_taken=30), _call(0.8, 0.05, 40, member="shard0", steps_taken=40)
     step.LEDGER["r"].update({mine.id: mine, theirs.id: theirs})
     member.close()
-    (written,) = (tmp_path / "privacy").iterdir()
+    (written,) = (artifacts / "privacy").iterdir()
     assert re.fullmatch(r"shard0-[0-9a-f]{8}\.json", written.name)
     assert json.loads(written.read_text()) == [{"n": 100, "batch_size": 5, "epochs": 1, "sample_rate": 0.05,
                                                 "steps": 40, "sigma": 0.8, "member": "shard0", "steps_taken": 40,
                                                 "id": theirs.id}]
     assert member.extra_metrics() == {}
     run.close()
-    names = sorted(p.name.split("-")[0] for p in (tmp_path / "privacy").iterdir())
+    names = sorted(p.name.split("-")[0] for p in (artifacts / "privacy").iterdir())
     assert names == ["run", "shard0"]
 
     step.LEDGER["r"] = {mine.id: mine}                   # the run's process did not see the member's call
