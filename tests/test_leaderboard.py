@@ -257,3 +257,60 @@ def test_records_without_machine_or_code_fingerprint():
     table = leaderboard.build([r])
     assert table["machine"][0] == "" and table["code_fingerprint"][0] == ""
     assert "Machine" not in leaderboard.to_markdown(table)
+
+
+def test_markdown_decimals_follow_each_columns_unit_and_extra_columns_show_where_present():
+    """Percent scores get 2 decimals, a unitless metric's (NDCG) 4, the private/PETL extras (epsilon,
+    trainable_pct) 2 with "–" on rows without them; an extra no row has (route_acc) or not in the list is not shown,
+    and a non-numeric extra is not a column. Catches a wrong number of decimals and dropped or invented columns."""
+    acc = _record("naive", 0, 40.0, 20.0, extra={"epsilon": 3.0, "trainable_pct": 1.5, "other": 2.0, "note": "x"})
+    rank = _record("seqrec", 0, None, None)
+    rank["spec"]["scenario"]["name"] = "movielens"
+    rank["metric_specs"] = [{"name": "ndcg@10", "unit": "", "higher_is_better": True, "primary": True}]
+    rank["metrics"].update({"ndcg@10_avg_inc": 0.25, "ndcg@10_last": 0.125, "ndcg@10_forgetting": 0.5,
+                            "ndcg@10_bwt": -0.0625})
+    table = leaderboard.build([acc, rank])
+    assert "note" not in table and "x_note" not in table and table["other"].tolist()[1] == 2.0
+    assert table.attrs["units"] == {"avg_inc_acc": "%", "last_acc": "%", "forgetting": "%", "bwt": "%",
+                                    "ndcg@10_avg_inc": "", "ndcg@10_last": "", "ndcg@10_forgetting": "",
+                                    "ndcg@10_bwt": ""}
+    assert leaderboard.to_markdown(table).splitlines()[:4] == [
+        "| suite | scenario | strategy | preset | overrides | seeds | avg_inc_acc | last_acc | forgetting | bwt | "
+        "ndcg@10_avg_inc | ndcg@10_last | ndcg@10_forgetting | ndcg@10_bwt | epsilon | trainable_pct | params_M | "
+        "params_added_M | train_s | peak_mem_MB |",
+        "|" + "---|" * 20,
+        "| s | movielens | seqrec | cpu | – | 1 | – | – | – | – | 0.2500 ± – | 0.1250 ± – | 0.5000 ± – | -0.0625 ± – "
+        "| – | – | 1.000 | 0.500 | 2.0 | 3.0 |",
+        "| s | synthetic | naive | cpu | – | 1 | 40.00 ± – | 20.00 ± – | 10.00 ± – | -5.00 ± – | – | – | – | – "
+        "| 3.00 ± – | 1.50 ± – | 1.000 | 0.500 | 2.0 | 3.0 |"]
+
+
+def test_columns_in_order_and_a_fresh_index():
+    """The CSV's columns, in order: labels, seed counts, preset and overrides, each score with its std, costs
+    without std, numeric extras with std, machine, code, primary metric; rows re-sorted get a fresh 0..n-1 index
+    (no stray "index" column). Catches a renamed, lost or extra column."""
+    records = [_record("naive", 0, 40.0, 20.0, extra={"epsilon": 1.0}), _record("replay", 0, 70.0, 60.0)]
+    table = leaderboard.build(records)
+    assert list(table["strategy"]) == ["replay", "naive"] and list(table.index) == [0, 1]
+    assert list(table.columns) == [
+        "suite", "scenario", "strategy", "n_seeds", "n_failed", "preset", "overrides",
+        "avg_inc_acc", "avg_inc_acc_std", "last_acc", "last_acc_std", "forgetting", "forgetting_std", "bwt", "bwt_std",
+        "params_M", "params_added_M", "trainable_params_M", "train_s", "eval_s", "peak_mem_MB", "epsilon",
+        "epsilon_std", "machine", "code_fingerprint", "primary_metric"]
+
+
+def test_callbacks_and_a_missing_code_fingerprint_are_part_of_the_identity():
+    """Strategy entry keys beyond name/label/preset/args (here ``callbacks``) split rows when they differ and are
+    shown as JSON; an empty one is the same as none; a record without a code fingerprint is ``code=unknown`` beside
+    one with it. Catches callbacks left out of the identity and an unlabelled code split."""
+    a, b = _record("naive", 0, 1.0, 1.0), _record("naive", 1, 1.0, 1.0)
+    a["spec"]["strategy"]["callbacks"] = [{"name": "dp", "args": {"epsilon": 1}}]
+    b["spec"]["strategy"]["callbacks"] = [{"name": "dp", "args": {"epsilon": 8}}]
+    assert [s for _, s in leaderboard.row_labels([a, b])] == [
+        'naive [callbacks=[{"args": {"epsilon": 1}, "name": "dp"}]]',
+        'naive [callbacks=[{"args": {"epsilon": 8}, "name": "dp"}]]']
+    c, d = _record("naive", 0, 1.0, 1.0), _record("naive", 1, 1.0, 1.0)
+    c["spec"]["strategy"]["callbacks"] = []
+    assert leaderboard.row_labels([c, d]) == [("synthetic", "naive")] * 2
+    del c["code_fingerprint"]
+    assert [s for _, s in leaderboard.row_labels([c, d])] == ["naive [code=unknown]", "naive [code=ccccccc]"]
