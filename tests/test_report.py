@@ -367,14 +367,16 @@ def test_unseen_triangle_masked_in_class_incremental_only():
 
 
 def test_heatmap_layout_and_style():
-    """The look of a heatmap: 0.55 in per cell plus margins, viridis (reversed for lower-is-better) with masked
-    cells in light grey, colours over [0, 100] for percentages, auto aspect, axis labels, colour bar label, the
-    title with the seed count and the mask note (8 pt); an offline matrix is one row labelled "all (offline)".
+    """The look of a heatmap: 0.55 in per cell plus margins, constrained layout, viridis (reversed for
+    lower-is-better) with masked cells in light grey, colours over [0, 100] for percentages, auto aspect, axis
+    labels, colour bar label, the title with the seed count and the mask note (8 pt); an offline matrix is one row
+    labelled "all (offline)".
     Catches any dropped or changed setting."""
     fig = _figure(SPLIT, "split__naive__accuracy__matrix.png")
     ax, bar = fig.axes
     image = ax.images[0]
     assert tuple(fig.get_size_inches()) == pytest.approx((2.4 + 0.55 * 3, 1.3 + 0.55 * 3))
+    assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
     assert image.get_cmap().name == "viridis" and image.get_cmap().get_bad() == pytest.approx(to_rgba("0.93"))
     assert (image.norm.vmin, image.norm.vmax) == (0, 100) and ax.get_aspect() == "auto"
     assert ax.get_title() == "split · naive: accuracy R[i, j] (%), mean of 2 seeds\nj > i: not seen yet (masked)"
