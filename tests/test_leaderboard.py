@@ -314,3 +314,17 @@ def test_callbacks_and_a_missing_code_fingerprint_are_part_of_the_identity():
     assert leaderboard.row_labels([c, d]) == [("synthetic", "naive")] * 2
     del c["code_fingerprint"]
     assert [s for _, s in leaderboard.row_labels([c, d])] == ["naive [code=unknown]", "naive [code=ccccccc]"]
+
+
+def test_identity_keys_that_do_not_split_rows_and_those_that_do():
+    """An explicit label equal to the name is the same row as no label; the preset does not split rows whose
+    resolved configs are equal, but does when records lack a resolved config; two strategies under one label are
+    split by name. Catches the label or preset wrongly made part of the identity, and a lost name or preset."""
+    a, b = _record("naive", 0, 1.0, 1.0, label="naive"), _record("naive", 1, 1.0, 1.0)
+    assert leaderboard.row_labels([a, b]) == [("synthetic", "naive")] * 2
+    b["spec"]["strategy"]["preset"] = "full"
+    assert leaderboard.row_labels([a, b]) == [("synthetic", "naive")] * 2
+    del a["strategy_config"], b["strategy_config"]
+    assert [s for _, s in leaderboard.row_labels([a, b])] == ["naive [preset=cpu]", "naive [preset=full]"]
+    c, d = _record("ewc", 0, 1.0, 1.0, label="reg"), _record("lwf", 1, 1.0, 1.0, label="reg")
+    assert [s for _, s in leaderboard.row_labels([c, d])] == ["reg [name=ewc]", "reg [name=lwf]"]
