@@ -319,11 +319,16 @@ def test_callbacks_and_a_missing_code_fingerprint_are_part_of_the_identity():
 def test_identity_keys_that_do_not_split_rows_and_those_that_do():
     """An explicit label equal to the name is the same row as no label; the preset does not split rows whose
     resolved configs are equal, but does when records lack a resolved config; two strategies under one label are
-    split by name. Catches the label or preset wrongly made part of the identity, and a lost name or preset."""
+    split by name; a row of several presets or overrides lists each once. Catches the label or preset wrongly made
+    part of the identity, and a lost name or preset."""
     a, b = _record("naive", 0, 1.0, 1.0, label="naive"), _record("naive", 1, 1.0, 1.0)
     assert leaderboard.row_labels([a, b]) == [("synthetic", "naive")] * 2
     b["spec"]["strategy"]["preset"] = "full"
+    b["spec"]["strategy"]["args"] = {"epochs": 2}                   # the resolved config already says so
     assert leaderboard.row_labels([a, b]) == [("synthetic", "naive")] * 2
+    row = leaderboard.build([a, b]).iloc[0]
+    assert row["preset"] == "cpu,full" and row["overrides"] == "epochs=2 | –" and row["n_seeds"] == 2
+    b["spec"]["strategy"]["args"] = {}
     del a["strategy_config"], b["strategy_config"]
     assert [s for _, s in leaderboard.row_labels([a, b])] == ["naive [preset=cpu]", "naive [preset=full]"]
     c, d = _record("ewc", 0, 1.0, 1.0, label="reg"), _record("lwf", 1, 1.0, 1.0, label="reg")
