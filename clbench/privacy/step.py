@@ -24,7 +24,9 @@ refuses ``dp`` on the others (replay and joint training reuse samples across cal
 σ is calibrated per training call before its first step from the target ε, δ (default ``1/n``, ``n`` the stream's
 training samples), ``q = b/n_call`` and ``steps = epochs·⌈n_call/b⌉`` (:mod:`clbench.privacy.accountant`), unless
 ``noise_multiplier`` is given. Every call's ``(σ, q, steps)`` is written to ``<artifacts>/privacy/`` (member jobs may
-run in other processes) and the run's ε is reported as the ``epsilon`` extra metric.
+run in other processes) and the run's ε is reported as the ``epsilon`` extra metric. When it calibrates a call, the
+callback also hands that call's noise to every module that tracks errors for Re-Attention (``set_error_prior``,
+:mod:`clbench.privacy.reattention`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from torch import Tensor, nn
 
 from clbench.callbacks import CALLBACKS, BatchPlan, Callback, CallbackContext
 from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
+from clbench.privacy.reattention import ErrorPrior, ErrorTracking, with_noise
 from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.tape import Tape
@@ -151,6 +154,7 @@ class PrivateTraining(Callback):
         self.call = TrainingCall(n, batch_size, epochs, plan.sample_rate, steps, sigma, self.context.member)
         LEDGER.setdefault(self.context.run_id, {})[self.call.id] = self.call
         self._install()
+        self._set_error_priors()
 
         def draws(generator: torch.Generator):
             if self.noise is None:                    # the noise stream is seeded from the loop's generator
@@ -162,6 +166,18 @@ class PrivateTraining(Callback):
         if self.tape is not None:
             self.tape.close()
         self.tape = Tape(*self.context.modules().values())
+
+    def _set_error_priors(self) -> None:
+        """Re-Attention's prior (:mod:`clbench.privacy.reattention`): every module among the strategy's modules that
+        holds an ``ErrorPrior`` (``set_error_prior``) gets this call's ``σ``, ``R`` and expected batch ``B̄`` (dense
+        ``σ_eff = σR/B̄``, the std of the noise added to each coordinate of ``ĝ``), keeping the token frequencies
+        and scale its owner set."""
+        call = self.call
+        for root in self.context.modules().values():
+            for module in root.modules():
+                if isinstance(module, ErrorTracking) and isinstance(module.error_prior, ErrorPrior):
+                    module.set_error_prior(with_noise(module.error_prior, call.sigma, self.config.clip,
+                                                      call.sample_rate * call.n))
 
     # --------------------------------------------------------------------------------------------- the step
     def on_batch_start(self, x: Tensor, y: Tensor) -> None:

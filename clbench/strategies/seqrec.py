@@ -2,9 +2,11 @@
 next-item prediction through :func:`clbench.training.fit`, with vanilla attention or Re-Attention (Ding et al.,
 ICML 2024). Sequential fine-tuning over experiences (no replay), so a continual stream shows forgetting.
 
-Private training is a callback (the suite entry's ``dp:``, :class:`clbench.privacy.PrivateTraining`); Re-Attention
-reads the noise multiplier ``σ_dp`` and the expected batch size of its current training call at every forward pass,
-else ``sigma_dp`` of the config; with neither, ``σ_dp = 0`` and Re-Attention equals vanilla attention. The
+Private training is a callback (the suite entry's ``dp:``, :class:`clbench.privacy.PrivateTraining`). Re-Attention's
+:class:`~clbench.privacy.reattention.ErrorPrior` is set here before each training call with the token frequencies,
+``error_scale`` and, as the noise, ``sigma_dp`` of the config and the batch size; the ``dp`` callback then replaces
+that noise by its calibrated call's ``σ_dp``, clipping norm and expected batch size (as for any model exposing
+``set_error_prior``). With neither, ``σ_dp = 0`` and Re-Attention equals vanilla attention. The
 embedding rows' frequency prior ``p_j`` is the fraction of the experience's training windows containing item ``j``
 (computed from the training data itself, not privatized: see docs/seqrec.md).
 """
@@ -86,16 +88,6 @@ class SequentialRecommender(StrategyBase):
         self.seed = int(torch.randint(2**31 - 1, ()))        # drawn from the run's seeded global RNG
         self.steps = 0
 
-    def _noise(self) -> tuple[float, float]:
-        """``(σ_dp, expected batch size)`` of the current private training call (the ``dp`` callback's
-        :class:`~clbench.privacy.step.TrainingCall`, calibrated when ``fit`` starts), else ``sigma_dp`` of the
-        config and the batch size."""
-        for callback in self.callbacks.callbacks:
-            call = getattr(callback, "call", None)
-            if call is not None and getattr(call, "sigma", None) is not None:
-                return float(call.sigma), float(call.sample_rate * call.n)
-        return float(self.config.sigma_dp or 0.0), float(self.config.batch_size)
-
     def train(self, experience) -> None:
         info = self.info
         if info.n_experiences > 1 and any(isinstance(cb, PrivateTraining) for cb in self.callbacks.callbacks):
@@ -106,7 +98,7 @@ class SequentialRecommender(StrategyBase):
         x, y = data.x.to(self.device), data.y.to(self.device)
         if c.attention == "reattention":
             frequency = item_frequency(data.x, self.model.n_items)
-            self.model.set_error_prior(lambda: ErrorPrior(*self._noise(), frequency, c.error_scale))
+            self.model.set_error_prior(ErrorPrior(c.sigma_dp or 0.0, c.batch_size, frequency, c.error_scale))
         settings = FitSettings(c.epochs, c.batch_size, c.lr, c.optimizer, c.weight_decay)
         self.model.train()
         self.steps += fit(self.model, self.model, self.model.parameters(), x, y, next_item_loss, settings,
@@ -122,5 +114,6 @@ class SequentialRecommender(StrategyBase):
         return ParamCount.of(self.model)
 
     def extra_metrics(self) -> dict[str, float]:
-        sigma = self._noise()[0] if self.config.attention == "reattention" else 0.0
+        prior = self.model.error_prior
+        sigma = prior.sigma_dp if prior is not None else 0.0
         return {"optimizer_steps": float(self.steps), "reattention_sigma_dp": sigma}
