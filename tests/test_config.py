@@ -344,3 +344,45 @@ def test_parse_suite_defaults_source_and_seeds():
     assert str(info.value) == ("<suite>: a suite file must be a mapping with keys suite, description, seeds, "
                                "scenarios, strategies.")
     assert parse_suite({k: v for k, v in GOOD.items() if k != "seeds"}).seeds == (0,)
+
+
+PATH_RULE = ("may contain only letters, digits, '_', '.', '+' and '-', start with a letter or digit and contain "
+             "neither '..' nor '__': it becomes part of file names (results/<suite>/runs/<scenario>__<strategy>__"
+             "s<seed>.json).")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"seeds": []}, "bad.yaml: 'seeds' must be a non-empty list of integers >= 0 (not booleans), got []."),
+    ({"suite": 12}, f"bad.yaml: 'suite' 12 {PATH_RULE}"),
+    ({"strategies": [{"name": "naive", "label": 5}]}, f"bad.yaml: strategies[0] (naive): 'label' 5 {PATH_RULE}"),
+    ({"strategies": [{"name": "replay", "preset": ["cpu"]}]},
+     "bad.yaml: strategies[0] (replay): strategy 'replay' has no preset ['cpu']. Did you mean 'cpu'? "
+     "Presets: cpu, full."),
+    ({"strategies": [{"name": "naive", "dp": {"epsilon": 3.0}, "callbacks": [{"name": "dp", "args": {}}]}]},
+     "bad.yaml: strategies[0] (naive): private training is given twice (dp: and a dp callback); keep one."),
+])
+def test_empty_seeds_non_string_names_and_presets_and_two_dp_blocks_are_one_exact_line(change, message):
+    """An empty seed list, a suite name or label that is not a string, a preset that is not a string (refused,
+    not a TypeError from looking it up) and private training given both as ``dp:`` and as a ``dp`` callback: each
+    is a ConfigError with this exact line."""
+    with pytest.raises(ConfigError) as info:
+        parse_suite({**GOOD, **change}, "bad.yaml")
+    assert str(info.value) == message
+
+
+def test_a_dp_callback_alone_is_kept_as_the_entrys_private_training():
+    """A ``dp`` entry under ``callbacks:`` (no ``dp:`` key) is one private-training setting, kept as written."""
+    entry = parse_suite({**GOOD, "strategies": [{"name": "naive", "callbacks": [
+        {"name": "dp", "args": {"epsilon": 1.0}}]}]}).strategies[0]
+    assert entry.callbacks == ({"name": "dp", "args": {"epsilon": 1.0}},)
+
+
+def test_model_args_of_a_model_taking_kwargs_accept_any_key_and_type_the_named_ones():
+    """``dytox`` takes ``**overrides``: any key passes, the annotated ones (``arch: str``) are still typed; ``cnn``
+    (no ``**``) coerces ``width: '8'`` to 8 by its annotation."""
+    args = {"model": "dytox", "model_args": {"anything": 1, "arch": "tiny"}}
+    assert build_config("naive", "cpu", args).model_args == {"anything": 1, "arch": "tiny"}
+    with pytest.raises(ConfigError) as info:
+        build_config("naive", "cpu", {"model": "dytox", "model_args": {"arch": 3}})
+    assert str(info.value) == "strategy 'naive': args.model_args.arch: expected a str, got 3"
+    assert build_config("naive", "cpu", {"model": "cnn", "model_args": {"width": "8"}}).model_args == {"width": 8}
