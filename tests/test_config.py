@@ -386,3 +386,23 @@ def test_model_args_of_a_model_taking_kwargs_accept_any_key_and_type_the_named_o
         build_config("naive", "cpu", {"model": "dytox", "model_args": {"arch": 3}})
     assert str(info.value) == "strategy 'naive': args.model_args.arch: expected a str, got 3"
     assert build_config("naive", "cpu", {"model": "cnn", "model_args": {"width": "8"}}).model_args == {"width": 8}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"scenarios": ["synthetic", {"name": "split_digits", "label": "synthetic"}]},
+     "bad.yaml: scenario 'synthetic' appears twice; give the entries distinct 'label's."),
+    ({"strategies": ["naive", "replay", {"name": "ewc", "label": "replay"}, {"name": "naive"}]},
+     "bad.yaml: strategy 'naive' appears twice; give the entries distinct 'label's."),
+])
+def test_a_row_key_used_twice_is_one_line_naming_the_kind_and_the_first_duplicate(change, message):
+    """Two entries with one row key (a label equal to another entry's name counts) are refused, naming whether
+    scenarios or strategies clash and the first duplicate in sorted order."""
+    with pytest.raises(ConfigError) as info:
+        parse_suite({**GOOD, **change}, "bad.yaml")
+    assert str(info.value) == message
+
+
+def test_a_suite_without_description_has_an_empty_one_and_keeps_a_given_one_as_text():
+    """The description defaults to "" and is kept as text (a number in YAML becomes its string)."""
+    assert parse_suite(GOOD).description == ""
+    assert parse_suite({**GOOD, "description": 2026}).description == "2026"
