@@ -104,14 +104,13 @@ def test_private_training_feeds_reattention_the_calibrated_sigma():
     scenario = cycles(users=24)
     config = STRATEGIES.get("seqrec").Config(dim=8, epochs=2, batch_size=8, attention="reattention")
     strategy = STRATEGIES.get("seqrec")(scenario.info, "cpu", config)
-    strategy.callbacks.attach([CallbackSpec("dp", {"epsilon": 8.0, "clip": 1.0})],
+    strategy.callbacks.attach([CallbackSpec("dp", {"epsilon": 8.0, "clip": 0.5})],
                               CallbackContext(run_id="t", modules=strategy.modules,
                                               n_train=len(scenario.train_stream[0].dataset)))
     strategy.train(scenario.train_stream[0])
     (dp,) = strategy.callbacks.callbacks
     assert isinstance(dp, privacy.PrivateTraining) and dp.call.steps_taken > 0
-    sigma, batch = strategy._noise()
-    assert sigma == dp.call.sigma > 0 and batch == pytest.approx(dp.call.sample_rate * dp.call.n)
-    prior = strategy.model.error_prior()
-    assert prior.sigma_dp == sigma and prior.active
-    assert strategy.extra_metrics()["reattention_sigma_dp"] == sigma
+    prior = strategy.model.error_prior
+    assert prior.sigma_dp == dp.call.sigma > 0 and prior.active and prior.clip == 0.5
+    assert prior.batch_size == pytest.approx(dp.call.sample_rate * dp.call.n)
+    assert strategy.extra_metrics()["reattention_sigma_dp"] == dp.call.sigma
