@@ -47,6 +47,9 @@ def quiet_third_party_warnings() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message="No loggers specified")
     warnings.filterwarnings("ignore", message=".*QP solver.*")
+    # torch's notice about Avalanche's list indexing in its replay buffers (avalanche/training/utils.py); printed
+    # again for every run (each strategy's catch_warnings resets the once-per-location registry)
+    warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing")
 
 
 # ----------------------------------------------------------------------------------------------------------- run
