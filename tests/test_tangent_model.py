@@ -141,3 +141,24 @@ def test_forget_by_subtraction_equals_composition_of_remaining_shards():
     forgotten = copy.deepcopy(base)
     forgotten.load_delta(got)
     assert rel_err(forgotten(x), compose(members, [sizes[i] for i in keep])(x)) < 1e-9
+
+
+def test_reattention_vit_is_refused_by_the_tangent_and_tail_models():
+    """The tangent layers and TailModel run vanilla attention: a Re-Attention ViT would silently lose its
+    correction, so both refuse it with the line that says what to set."""
+    from clbench.models.vit import vit
+    from clbench.protocol import ClassificationInfo
+    from clbench.tangent.tail import TailModel
+
+    info = ClassificationInfo(name="t", n_classes=4, classes_per_experience=(2, 2), input_shape=(1, 8, 8))
+    model = vit(info, embed_dim=16, depth=2, num_heads=2, attention="reattention")
+    with pytest.raises(ValueError, match=r"^linearize\(\) cannot handle this VisionTransformer: Re-Attention \(the "
+                                         r"tangent layers linearize vanilla attention; set model_args attention: "
+                                         r"vanilla\)\.$"):
+        linearize(model, last_blocks=1)
+    with pytest.raises(ValueError, match="^TailModel runs the ViT's blocks with vanilla attention and cannot run "
+                                         "Re-Attention: set model_args attention: vanilla.$"):
+        TailModel(model, last_blocks=1)
+    vanilla = vit(info, embed_dim=16, depth=2, num_heads=2)
+    linearize(vanilla, last_blocks=1)
+    TailModel(vanilla, last_blocks=1)

@@ -31,6 +31,8 @@ def _tangent_norm(module: nn.Module) -> nn.Module:
 
 
 def _check_supported(vit: VisionTransformer) -> None:
+    from clbench.models.vit import ReAttentionViT  # here: clbench.privacy.rules imports this module
+
     problems = []
     if vit.global_pool not in ("token", "avg"):
         problems.append(f"global_pool={vit.global_pool!r} (token or avg supported)")
@@ -38,6 +40,9 @@ def _check_supported(vit: VisionTransformer) -> None:
         problems.append("attention pooling / register tokens / dynamic image size")
     if not isinstance(vit.head, nn.Linear):
         problems.append("a non-linear head")
+    if isinstance(vit, ReAttentionViT):
+        problems.append("Re-Attention (the tangent layers linearize vanilla attention; set model_args attention: "
+                        "vanilla)")
     if problems:
         raise ValueError(f"linearize() cannot handle this VisionTransformer: {'; '.join(problems)}.")
 
