@@ -167,6 +167,21 @@ def test_hook_trace_writes_1000_batch_groups_by_default_and_counts_the_rest(tmp_
     assert len(lines) == 1 + 1000 + 1 and json.loads(lines[-1])["batches"] == 1001
 
 
+def test_a_member_trace_counts_batches_from_zero_without_an_experience_start(tmp_path):
+    """A shard member's callbacks are rebuilt in the member job and see only fit's batch hooks (no
+    ``on_experience_start``: clbench.tangent.members): with ``batches=2`` its trace writes exactly the first 2 of 3
+    batch groups; catches a count that does not start at 0 at construction (1 would write only one group)."""
+    trace = HookTrace(batches=2)
+    trace.setup(CallbackContext(artifacts=tmp_path, member="shard0"))
+    for _ in range(3):
+        trace.on_batch_start(torch.zeros(2, 1), torch.zeros(2))
+        trace.after_forward(torch.tensor(0.5))
+        trace.after_step(None)
+    lines = [json.loads(line) for line in (tmp_path / "hooks.jsonl").read_text().splitlines()]
+    assert [line["hook"] for line in lines] == ["on_batch_start", "after_forward", "after_step"] * 2
+    assert trace.seen == 3
+
+
 # ----------------------------------------------------------------------------------------- minibatch plans
 class Rows(torch.utils.data.Dataset):
     """Sample ``i`` is the integer ``i`` (the default collation turns a batch into its index tensor); optionally

@@ -5,6 +5,7 @@ training calls (files written per member, read back, the run's ε the largest of
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -20,6 +21,7 @@ from torch import nn
 from clbench.callbacks import CallbackContext
 from clbench.privacy import step
 from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
+from clbench.privacy.reattention import ErrorPrior, ErrorTracking
 from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.step import PRIVATE_STRATEGIES, DPConfig, PrivateTraining, TrainingCall, check_private_strategy
@@ -167,6 +169,18 @@ def test_poisson_draws_take_each_sample_whose_uniform_is_below_the_rate():
     expected = [[i for i in range(8) if u[i] < 0.4] for u in uniforms]
     assert all(expected)                                 # no empty step for this seed
     assert [b.tolist() for b in plan(torch.Generator().manual_seed(4))] == expected
+
+
+def test_a_sample_whose_uniform_equals_the_rate_is_left_out():
+    """Strict ``u < q``: with q set to exactly the float32 uniform drawn for sample 3 (uniforms lie on the grid
+    k·2⁻²⁴, so a tie has probability 2⁻²⁴ per draw, not 0), sample 3 is not taken, so P(taken) = q exactly for a q
+    on the grid; catches ``<=`` (which takes it, P = q + 2⁻²⁴)."""
+    uniforms = torch.rand(6, generator=torch.Generator().manual_seed(2))
+    rate = float(uniforms[3])
+    expected = [i for i in range(6) if uniforms[i] < uniforms[3]]
+    assert 3 not in expected and len(expected) not in (0, 5)     # a tie that decides, not an all-or-nothing draw
+    (batch,) = PoissonPlan(6, rate, 1)(torch.Generator().manual_seed(2))
+    assert batch.tolist() == expected
 
 
 def test_poisson_draws_skip_empty_steps_and_take_everything_at_rate_one():
@@ -434,3 +448,67 @@ def test_a_run_without_any_private_call_cannot_report_epsilon(tmp_path):
     with pytest.raises(RuntimeError, match=_exact("dp: no private training call was recorded for this run, so no "
                                                   "epsilon can be reported.")):
         callback.extra_metrics()
+
+
+def test_a_member_process_without_calls_closes_and_reads_the_run_files_without_a_ledger_entry(tmp_path):
+    """A member's setup creates no ledger entry for the run (only the run's process does); if it made no private
+    call, close writes nothing and calls() returns what the files hold (nothing, then the one call another member
+    wrote), without touching the ledger; catches a missing default for a run absent from this process's ledger
+    (close and calls would fail with AttributeError/TypeError)."""
+    member = _callback(None, member="shard1", artifacts=tmp_path)
+    assert step.LEDGER == {}
+    member.close()
+    assert list(tmp_path.iterdir()) == [] and member.calls() == []
+    other = _call(0.8, 0.05, 40, member="shard0")
+    (tmp_path / "privacy").mkdir()
+    (tmp_path / "privacy" / "shard0-00000000.json").write_text(json.dumps([dataclasses.asdict(other)]))
+    assert member.calls() == [other] and step.LEDGER == {}
+
+
+def test_before_any_training_call_the_callback_holds_no_call_and_no_batch():
+    """A fresh callback's state says "no call yet": ``call`` is None (not a falsy placeholder such as "") and the
+    last batch size is 0; catches a non-None initial call or a batch size other than 0."""
+    callback = PrivateTraining(noise_multiplier=1.0)
+    assert callback.call is None and callback.batch == 0 and callback.tape is None and callback.noise is None
+
+
+# ------------------------------------------------------------------------------------------------ Re-Attention prior
+class Tracking(nn.Module):
+    """Implements :class:`ErrorTracking` (no parameters, no training): records every prior it is handed."""
+
+    def __init__(self, prior: ErrorPrior | None) -> None:
+        super().__init__()
+        self.error_prior, self.given = prior, []
+
+    def set_error_prior(self, prior: ErrorPrior | None) -> None:
+        self.given.append(prior)
+        self.error_prior = prior
+
+
+def test_each_training_call_hands_its_noise_to_every_module_holding_an_error_prior():
+    """σ = 1.3, R = 2.5, n = 10, b = 4 (q = 0.4, B̄ = q·n = 4.0, where q/n = 0.04 and n = 10): each module holding a
+    prior, nested in either of the strategy's modules, gets a prior with σ_dp = the call's σ, clip = R and
+    batch_size = B̄, its token frequencies (the same tensor) and scale kept; a second call (n = 25, b = 5: B̄ = 5.0)
+    updates it again from the current prior; a module whose prior is None is never handed one; catches a dropped,
+    swapped or None argument of with_noise, q/n for q·n, a prior replaced by None or a None module skipped.
+    The dense σ_eff² = (scale·σR/B̄)² = (0.5·1.3·2.5/4)² follows by hand."""
+    frequency = torch.tensor([0.5, 0.0, 0.25])
+    nested = Tracking(ErrorPrior(sigma_dp=0.0, batch_size=64.0, token_frequency=frequency, scale=0.5, clip=1.0))
+    plain = Tracking(ErrorPrior(sigma_dp=0.7, batch_size=3.0))
+    untracked = Tracking(None)
+    assert isinstance(nested, ErrorTracking) and isinstance(untracked, ErrorTracking)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nested, untracked))
+    callback = _callback(None, clip=2.5, noise_multiplier=1.3)
+    callback.context.modules = lambda: {"model": model, "head": plain}
+    callback.batch_sampler(10, 4, 2)
+    for module, frequencies, scale in [(nested, frequency, 0.5), (plain, None, 1.0)]:
+        (prior,) = module.given
+        assert prior is module.error_prior and type(prior) is ErrorPrior
+        assert (prior.sigma_dp, prior.clip, prior.batch_size, prior.scale) == (1.3, 2.5, 4.0, scale)
+        assert prior.token_frequency is frequencies
+    assert nested.error_prior.dense_var == pytest.approx((0.5 * 1.3 * 2.5 / 4) ** 2, rel=1e-12)
+    assert untracked.given == [] and untracked.error_prior is None
+    callback.batch_sampler(25, 5, 1)
+    assert [p.batch_size for p in nested.given] == [4.0, 5.0] and nested.error_prior.token_frequency is frequency
+    assert (nested.error_prior.sigma_dp, nested.error_prior.clip, nested.error_prior.scale) == (1.3, 2.5, 0.5)
+    assert untracked.given == []
