@@ -10,6 +10,7 @@ smallest ``σ`` (opacus's binary search, tolerance 0.01 in ε) whose ``(ε, δ)`
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -37,8 +38,12 @@ def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: in
     run usually share one schedule)."""
     get_noise_multiplier = _opacus().utils.get_noise_multiplier
     try:
-        return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                          steps=steps, accountant="rdp"))
+        with warnings.catch_warnings():
+            # the search brackets sigma from 20 upwards, where the tiny epsilon's optimal RDP order is the largest
+            # one; opacus warns for each such probe. The epsilon reported for the run (epsilon()) still warns.
+            warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+            return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                              steps=steps, accountant="rdp"))
     except ValueError as exc:
         raise PrivacyBudgetError(f"dp: no noise multiplier reaches epsilon={epsilon} at delta={delta:.3g} for "
                                  f"{steps} steps at sampling rate {sample_rate:.4g} (opacus: {exc}); raise epsilon "
