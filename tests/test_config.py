@@ -1,6 +1,7 @@
 """Suite files and hyperparameters: every mistake is an error that names the file, the key and the fix."""
 
 import dataclasses
+import typing
 
 import pytest
 import yaml
@@ -406,3 +407,39 @@ def test_a_suite_without_description_has_an_empty_one_and_keeps_a_given_one_as_t
     """The description defaults to "" and is kept as text (a number in YAML becomes its string)."""
     assert parse_suite(GOOD).description == ""
     assert parse_suite({**GOOD, "description": 2026}).description == "2026"
+
+
+def test_model_args_under_model_auto_are_keys_of_some_model_and_left_as_written():
+    """With ``model: auto`` (the backbone is the scenario's, unknown at load) a key no registered model takes is
+    still refused with the exact line although ``dytox`` takes ``**overrides`` (catches the key check skipped for
+    ``auto``), and values are not typed by any one model: cnn's ``width: int`` does not turn ``'8'`` into 8 (catches
+    the first registered model's annotations applied to every backbone)."""
+    from clbench.registry import MODELS
+
+    with pytest.raises(ConfigError) as info:
+        build_config("naive", "cpu", {"model_args": {"widht": 8}})
+    assert str(info.value).startswith("strategy 'naive': args.model_args: unknown key 'widht'. Did you mean 'width'? "
+                                      "Allowed keys: width, arch, hidden, dropout, embed_dim, depth,"), str(info.value)
+    assert MODELS.names()[0] == "cnn"           # the model whose annotations the second half must not apply
+    assert build_config("naive", "cpu", {"model_args": {"width": "8"}}).model_args == {"width": "8"}
+
+
+@dataclasses.dataclass
+class _LooseModelArgsConfig:
+    model: str = "mlp"
+    model_args: typing.Any = None
+
+
+class _LooseModelArgs:
+    Config = _LooseModelArgsConfig
+
+
+def test_model_args_that_are_not_a_mapping_are_one_exact_line_even_where_the_config_does_not_type_them(monkeypatch):
+    """A Config annotating ``model_args`` as ``Any`` lets a list through its own type check; the model-args check
+    still refuses it with this exact line (catches the message replaced or dropped)."""
+    from clbench.registry import STRATEGIES
+
+    monkeypatch.setitem(STRATEGIES._entries, "test_loose_model_args", _LooseModelArgs)
+    with pytest.raises(ConfigError) as info:
+        build_config("test_loose_model_args", None, {"model_args": [8]})
+    assert str(info.value) == "strategy 'test_loose_model_args': args.model_args: expected a mapping, got [8]."
