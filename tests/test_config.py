@@ -443,3 +443,22 @@ def test_model_args_that_are_not_a_mapping_are_one_exact_line_even_where_the_con
     with pytest.raises(ConfigError) as info:
         build_config("test_loose_model_args", None, {"model_args": [8]})
     assert str(info.value) == "strategy 'test_loose_model_args': args.model_args: expected a mapping, got [8]."
+
+
+class _PlainFactory:
+    def __init__(self, width: int = 1) -> None:
+        self.width = width
+
+
+def test_type_hints_of_a_dataclass_are_its_fields_and_of_a_plain_class_its_init_parameters():
+    """A dataclass Config is typed by its fields (no ``return`` entry from its generated ``__init__``: catches the
+    dataclass test dropped so that every class reads ``__init__``); a plain class by its ``__init__``'s parameters;
+    an annotation that cannot be resolved leaves the object unchecked ({})."""
+    from clbench.config import _type_hints
+
+    def unresolved(x: "NoSuchType") -> None:  # noqa: F821
+        return None
+
+    assert _type_hints(_ModelConfig) == {"model": str, "model_args": dict, "rate": float}
+    assert _type_hints(_PlainFactory) == {"width": int, "return": type(None)}
+    assert _type_hints(unresolved) == {}
