@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
+
 import tests._fakes  # noqa: F401  (registers test_increasing_logits)
 from clbench import leaderboard, suite_report
 from clbench.cli import main
@@ -216,6 +218,54 @@ def test_no_records_give_a_report_that_says_so():
         "## Machine and code", "",
         "- machine: ", "- device: ; python ", "- packages: unknown", "- git commit(s) of the runs: ",
         "- code fingerprints (0):  (per row in leaderboard.csv)", ""])
+
+
+def test_header_names_every_suite_spans_start_to_last_finish_and_counts_missing_training_time_as_zero():
+    """Records of suites ``s`` and ``t``: the title joins both with ", "; the time span runs from the earliest start
+    (2026-01-01T00:00) to the latest finish (2026-01-02T00:01, after the last start) and four finished runs without
+    ``train_s`` (None or absent) add 0.0 min, not 4 s. Catches a lost or doubled separator, a span that ignores
+    finish times or takes the second time, and missing training times counted as 1 s each."""
+    records = [_record("a", 0, 80.0, 60.0, 30.0), _record("a", 1, 84.0, 64.0, 34.0),
+               _record("b", 0, 70.0, 66.0, 10.0), _record("b", 1, 72.0, 68.0, 14.0)]
+    for r in records[:2]:
+        r["metrics"]["train_s"] = None
+    for hour, r in zip((6, 8), records[2:]):                                # inside a's span, all times distinct
+        del r["metrics"]["train_s"]
+        r["spec"]["suite"] = "t"
+        r["started"], r["finished"] = f"2026-01-01T0{hour}:00:00+00:00", f"2026-01-01T0{hour + 1}:00:00+00:00"
+    assert suite_report.render(records, [], OUT).splitlines()[:3] == [
+        "# Report: s, t", "",
+        "Built from the 4 run records in `/r/out/runs/` only (4 finished, 0 failed): 1 scenario(s), 2 strategy "
+        "row(s), seeds 0, 1. Runs from 2026-01-01T00:00:00+00:00 to 2026-01-02T00:01:00+00:00; 0.0 min of training "
+        "in total."]
+
+
+def test_an_offline_row_never_wins_forgetting_or_bwt():
+    """Only ``last`` is compared over every row: a joint row carrying forgetting 0 and bwt 5 (better than both
+    continual strategies) is left out of the best forgetting and bwt lines, which name ``b``. Catches the offline row
+    pooled with the continual ones for every summary."""
+    records = [*RECORDS[:4], _record("joint", 0, None, 90.0, None)]
+    records[-1]["metrics"].update(forgetting=0.0, bwt=5.0)
+    lines = suite_report.render(records, [], OUT).splitlines()
+    assert [line for line in lines if line.startswith("- best")] == [
+        "- best `avg_inc_acc` (highest): `a` with 82.00 ± 2.83",
+        "- best `last_acc` (highest): `joint` with 90.00 ± –",
+        "- best `forgetting` (lowest): `b` with 12.00 ± 2.83",
+        "- best `bwt` (highest): `b` with -12.00 ± 2.83"]
+
+
+def test_best_ties_only_within_one_billionth_and_text_cells_count_as_missing():
+    """``_best`` keeps every row within an absolute 1e-9 of the best and no other: 100.0 and 100.0005 are not tied
+    (a relative tolerance of 1e-5 would tie them), nor are 0.5 and 0.5 + 5e-9 (numpy's default atol 1e-8 would); a
+    text cell ("–", as in a table read back from markdown) is skipped, not an error. Catches a default tolerance
+    and a crash on a cell that is not a number."""
+    rows = pd.DataFrame({"strategy": ["p", "q", "r", "s"], "x": [100.0, 100.0005, 100.0005 - 1e-10, 50.0],
+                         "y": [0.5, 0.5 + 5e-9, 0.5 + 5e-10, 0.7], "z": ["–", 2.0, 3.0, 3.0]})
+    assert list(suite_report._best(rows, "x", 1)["strategy"]) == ["q", "r"]
+    assert list(suite_report._best(rows, "x", -1)["strategy"]) == ["s"]
+    assert list(suite_report._best(rows.iloc[:3], "y", -1)["strategy"]) == ["p", "r"]
+    assert list(suite_report._best(rows, "z", 1)["strategy"]) == ["r", "s"]
+    assert list(suite_report._best(rows, "z", -1)["strategy"]) == ["q"]
 
 
 def test_write_reads_the_folder_and_draws_the_plots_it_links(tmp_path):
