@@ -5,6 +5,8 @@ stay fast under mutation testing; nothing is cached across tests (mutmut maps a 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -331,7 +333,8 @@ def test_params_plot_only_when_some_strategy_changes_its_parameters():
 
 def test_params_in_millions_on_a_log_axis_when_sizes_span_more_than_ten_times():
     """From 1e6 parameters up the unit is M; sizes spanning more than 10x get a log axis ticked at 1, 2, 5 x 10^k
-    written as plain numbers, no minor labels; exactly 10x stays linear. Catches wrong thresholds, unit or axis."""
+    written as plain numbers, no minor labels; exactly 10x stays linear, 10.00001x is log. Catches wrong thresholds
+    (on either side of 10x), unit or axis."""
     grow = record("x", "grow", 0, CI, totals=[100_000, 500_000, 2_000_000])
     fixed = record("x", "fixed", 0, CI, totals=[100_000] * 3)
     fig = _figure([grow, fixed], "x__params.png")
@@ -346,6 +349,22 @@ def test_params_in_millions_on_a_log_axis_when_sizes_span_more_than_ten_times():
     edge = record("x", "grow", 0, CI, totals=[100_000, 1_000_000, 1_000_000])
     fig = _figure([edge], "x__params.png")
     assert fig.axes[0].get_ylabel() == "parameters (M)" and fig.axes[0].get_yscale() == "linear"
+    over = record("x", "grow", 0, CI, totals=[100_000, 1_000_001, 1_000_001])                   # 10.00001x: log
+    fig = _figure([over], "x__params.png")
+    assert fig.axes[0].get_ylabel() == "parameters (M, log scale)" and fig.axes[0].get_yscale() == "log"
+
+
+def test_a_two_step_run_has_a_params_curve_of_float64_totals():
+    """Two steps are enough for a parameter curve (only a single entry, an offline run, is left out), and the
+    totals are held as float64 whatever the record stores. Catches a threshold of more than two steps and integer
+    series values."""
+    two = record("x", "grow", 0, CI[:2, :2], totals=[100, 300])
+    assert report._params_series("grow", [record("x", "joint", 0, [[0.9, 0.8]], totals=[100])]) is None
+    series = report._params_series("grow", [two])
+    assert series.values.dtype == np.float64
+    np.testing.assert_array_equal(series.steps, [1, 2])
+    fig = _figure([two], "x__params.png")
+    np.testing.assert_allclose(_line(fig, "grow").get_ydata(), [0.1, 0.3])
 
 
 # ------------------------------------------------------------------------------------------------------- heatmaps
@@ -408,6 +427,17 @@ def test_colour_range_is_the_full_fraction_range_or_the_data_range():
     assert norm([[0.5, 1.5], [0.25, 0.75]], MetricSpec("ratio")) == (0.25, 1.5)
 
 
+def test_colour_range_of_non_fractions_is_scaled_and_spans_the_masked_cells_too():
+    """Percent-scaled values outside [0, 1] are coloured over 100 x (min, max) of the whole matrix, the masked
+    unseen cells included (here -1.0 and 2.0 sit in the masked triangle, so the drawn cells span only 20..70).
+    Catches a bound divided by the scale instead of multiplied, and a bound left to matplotlib's autoscaling of the
+    drawn cells."""
+    R = np.array([[0.5, -1.0, 2.0], [0.2, 0.6, 0.1], [0.3, 0.4, 0.7]])
+    image = report.heatmap_figure("t", R, ACCURACY, mask_unseen=True).axes[0].images[0]
+    assert image.get_array().compressed().min() == pytest.approx(20)
+    assert (image.norm.vmin, image.norm.vmax) == pytest.approx((-100, 200))
+
+
 def test_each_drawn_cell_shows_its_value_in_the_metric_unit_with_contrasting_colour():
     """Every drawn cell carries its value (1 decimal for %, 3 otherwise), centred, 8 pt, black where the cell's
     colour is light (luminance 0.299 r + 0.587 g + 0.114 b above 0.5) and white where dark. Catches missing,
@@ -431,6 +461,20 @@ def test_each_drawn_cell_shows_its_value_in_the_metric_unit_with_contrasting_col
         r, g, b, _ = image.cmap(image.norm(100 * R[i, j]))
         assert t.get_color() == ("black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"), (i, j)
     assert len(ax.texts) == 25
+
+
+def test_a_cell_of_luminance_exactly_one_half_gets_white_text():
+    """The text turns black only above luminance 0.5: a cell coloured (1, g, 0) with 0.299 + 0.587 g = 0.5 exactly
+    in float64 gets white text, g + 1e-9 black. Catches ``>=`` for ``>`` at the boundary."""
+    g = 0.34241908006814314
+    assert 0.299 * 1.0 + 0.587 * g + 0.114 * 0.0 == 0.5
+    colours = []
+    for green in (g, g + 1e-9):
+        fig, ax = plt.subplots()
+        image = SimpleNamespace(cmap=lambda v, green=green: (1.0, green, 0.0, 1.0), norm=lambda v: v)
+        report._annotate(ax, np.ma.masked_array([[0.5]]), image, 1)
+        colours += [t.get_color() for t in ax.texts]
+    assert colours == ["white", "black"]
 
 
 def test_large_matrices_are_coloured_without_values_on_smaller_cells():
