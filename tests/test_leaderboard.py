@@ -333,3 +333,48 @@ def test_identity_keys_that_do_not_split_rows_and_those_that_do():
     assert [s for _, s in leaderboard.row_labels([a, b])] == ["naive [preset=cpu]", "naive [preset=full]"]
     c, d = _record("ewc", 0, 1.0, 1.0, label="reg"), _record("lwf", 1, 1.0, 1.0, label="reg")
     assert [s for _, s in leaderboard.row_labels([c, d])] == ["reg [name=ewc]", "reg [name=lwf]"]
+
+
+def test_a_failed_record_without_metrics_and_a_score_that_is_not_a_number_count_as_missing():
+    """A failed in-memory record without a ``metrics`` key is counted in ``n_failed`` (catches a crash reading its
+    metrics); a score that is not a number ("n/a") is left out of that column's mean like a missing one instead of
+    failing the table (catches the numeric conversion made strict). By hand: avg_inc_acc of {40} is 40 with no std;
+    last_acc of {30, 20} is 25 with sample std sqrt(50) = 7.0710678."""
+    failed = _record("naive", 0, 0, 0, status="failed")
+    del failed["metrics"]
+    row = leaderboard.build([failed, _record("naive", 1, "n/a", 30.0), _record("naive", 2, 40.0, 20.0)]).iloc[0]
+    assert row["n_seeds"] == 2 and row["n_failed"] == 1
+    assert row["avg_inc_acc"] == pytest.approx(40.0) and math.isnan(row["avg_inc_acc_std"])
+    assert row["last_acc"] == pytest.approx(25.0) and row["last_acc_std"] == pytest.approx(7.0710678)
+
+
+def test_fingerprints_alike_in_their_first_7_characters_share_a_row_that_lists_each():
+    """Labels cut code fingerprints to 7 characters, so two fingerprints alike that far share the label and the
+    row; its ``code_fingerprint`` lists both, sorted and "; "-separated, so the merge shows (catches a changed
+    separator)."""
+    a = _record("naive", 0, 40.0, 20.0, code="abcdefg" + "2" * 9)
+    b = _record("naive", 1, 50.0, 30.0, code="abcdefg" + "1" * 9)
+    table = leaderboard.build([a, b])
+    assert list(table["strategy"]) == ["naive [code=abcdefg]"] and table["n_seeds"][0] == 2
+    assert table["code_fingerprint"][0] == "abcdefg111111111; abcdefg222222222"
+
+
+def test_an_infinite_mean_is_written_as_inf_in_the_csv(tmp_path):
+    """A run trained without noise spends epsilon = inf; the CSV holds it as ``inf``, the spelling pandas reads back
+    as a float (catches the float format's case changed: ``%.4F`` writes ``INF``)."""
+    import csv
+
+    leaderboard.write(tmp_path, [_record("naive", 0, 40.0, 20.0, extra={"epsilon": math.inf})])
+    with open(tmp_path / "leaderboard.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["epsilon"] == "inf" and row["avg_inc_acc"] == "40.0000"
+    assert math.isinf(pd.read_csv(tmp_path / "leaderboard.csv")["epsilon"][0])
+
+
+def test_rows_without_an_avg_inc_or_last_value_sort_after_those_with_one():
+    """Only the primary ``avg_inc``, else its ``last``, ranks a row: a row with neither (its forgetting of 10
+    recorded all the same) and a row whose only seed failed both sort after the rows with a value, by label, though
+    given first (catches the rank reading a third column, and rows without a value left where they came)."""
+    records = [_record("a_none", 0, None, None), _record("b_failed", 0, 0, 0, status="failed"),
+               _record("c_low", 0, 5.0, 5.0), _record("d_high", 0, 50.0, 50.0)]
+    assert list(leaderboard.build(records)["strategy"]) == ["d_high", "c_low", "a_none", "b_failed"]
