@@ -246,13 +246,61 @@ def test_a_single_point_over_seeds_gets_an_error_bar_in_its_colour():
 
 
 def test_spread_note_names_the_seed_counts():
-    """One seed everywhere: "no spread shown" and no band; several counts: their range. Catches a wrong note or a
-    band drawn from one seed."""
+    """One seed everywhere: "no spread shown" and no band; several counts: their range from the smallest to the
+    largest (1–5 with counts 1, 2, 5). Catches a wrong note, a range ending at the second count, or a band drawn
+    from one seed."""
     one = report.lines_figure([_series("a", 0.5)], "t", "y")
     assert one._suptitle.get_text() == "t\n1 seed: no spread shown" and not one.axes[0].collections
     mixed = report.lines_figure([_series("a", 0.5, seeds=2), _series("b", 0.4, seeds=5)], "t", "y")
     assert mixed._suptitle.get_text() == "t\n" + SPREAD.format("2–5 seeds")
+    three = report.lines_figure([_series("a", 0.5, seeds=5), _series("b", 0.4), _series("c", 0.3, seeds=2)], "t", "y")
+    assert three._suptitle.get_text() == "t\n" + SPREAD.format("1–5 seeds")          # smallest to largest count
     assert {line.get_label() for line in mixed.axes[0].get_lines()} == {"a (n=2)", "b (n=5)"}
+
+
+def test_lines_figure_defaults_draw_values_as_given_ranked_highest_first():
+    """Without ``scale`` and ``descending`` the lines are the stored means (scale 1) ranked highest final value
+    first. Catches a changed default scale or ranking direction."""
+    fig = report.lines_figure([_series("a", 0.5), _series("b", 0.9)], "t", "y")
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["b", "a"]
+    np.testing.assert_allclose(_line(fig, "a").get_ydata(), [0.1, 0.2, 0.5])
+
+
+def test_curve_style_does_not_follow_the_users_matplotlib_style():
+    """Under a style with 3-pt markers and an all-black colour cycle, lines keep their 6-pt markers and the error
+    bars of single points the colour of their line (tab10 colours 0 and 1). Catches a marker size or bar colour
+    left to rcParams."""
+    with plt.rc_context({"lines.markersize": 3, "axes.prop_cycle": plt.cycler(color=["black"])}):
+        single = [report.Series(k, np.array([3]), np.array([[v], [v + 0.2]])) for k, v in (("p", 0.7), ("q", 0.5))]
+        fig = report.lines_figure(single, "t", "y")
+    ax = fig.axes[0]
+    assert [line.get_markersize() for line in ax.get_lines() if line.get_label() in ("p", "q")] == [6, 6]
+    assert [tuple(c.lines[2][0].get_color()[0][:3]) for c in ax.containers] == list(report._COLORS[:2])
+
+
+def test_a_two_step_series_over_seeds_gets_a_band_not_bars():
+    """Two steps are a line: its spread is a band (one PolyCollection), no error bars. Catches bars for a two-step
+    curve."""
+    fig = report.lines_figure([report.Series("a", np.arange(1, 3), np.array([[0.1, 0.2], [0.3, 0.6]]))], "t", "y")
+    ax = fig.axes[0]
+    assert not ax.containers and [type(c).__name__ for c in ax.collections] in (["PolyCollection"],
+                                                                                ["FillBetweenPolyCollection"])
+
+
+def test_one_experience_is_continual_and_one_row_over_two_experiences_is_offline():
+    """A 1 x 1 matrix (one experience, one step) is a continual run: no "(offline)" label, its heatmap row is step
+    1 and carries the unseen note; a 1 x 2 matrix is offline: "(offline)", one point at step 2, its row "all
+    (offline)". Catches an offline test that needs three experiences or accepts one."""
+    single = [record("one", "naive", 0, [[0.8]])]
+    assert [line.get_label() for line in _figure(single, "one__accuracy.png").axes[0].get_lines()] == ["naive"]
+    ax = _figure(single, "one__naive__accuracy__matrix.png").axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["1"] and ax.get_title().endswith("(masked)")
+    joint = [record("two", "joint", 0, [[0.9, 0.6]])]
+    x, y = _line(_figure(joint, "two__accuracy.png"), "joint (offline)").get_data()
+    np.testing.assert_array_equal(x, [2])
+    np.testing.assert_allclose(y, [100 * (0.9 * 10 + 0.6 * 20) / 30])
+    ax = _figure(joint, "two__joint__accuracy__matrix.png").axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["all (offline)"]
 
 
 def test_step_ticks_are_the_integer_matrix_rows_in_curves_and_heatmaps():
@@ -388,9 +436,8 @@ def test_unseen_triangle_masked_in_class_incremental_only():
 def test_heatmap_layout_and_style():
     """The look of a heatmap: 0.55 in per cell plus margins, constrained layout, viridis (reversed for
     lower-is-better) with masked cells in light grey, colours over [0, 100] for percentages, auto aspect, axis
-    labels, colour bar label, the title with the seed count and the mask note (8 pt); an offline matrix is one row
-    labelled "all (offline)".
-    Catches any dropped or changed setting."""
+    labels, the colour bar of the image with its label, the title with the seed count and the mask note (8 pt);
+    an offline matrix is one row labelled "all (offline)". Catches any dropped or changed setting."""
     fig = _figure(SPLIT, "split__naive__accuracy__matrix.png")
     ax, bar = fig.axes
     image = ax.images[0]
@@ -402,6 +449,7 @@ def test_heatmap_layout_and_style():
     assert ax.title.get_fontsize() == 8
     assert (ax.get_xlabel(), ax.get_ylabel(), bar.get_ylabel()) == ("test experience j", "after training step i",
                                                                      "accuracy (%)")
+    assert image.colorbar.ax is bar and image.colorbar.mappable is image                 # the bar of this image
     offline = _figure(SPLIT, "split__joint__accuracy__matrix.png")
     ax = offline.axes[0]
     assert tuple(offline.get_size_inches()) == pytest.approx((2.4 + 0.55 * 3, 1.3 + 0.55 * 2))
