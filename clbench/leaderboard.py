@@ -190,19 +190,27 @@ def build(records: list[dict]) -> pd.DataFrame:
     return table
 
 
+def score_decimals(unit: str) -> int:
+    """Decimals a score is shown with: 2 for a percentage (``unit`` "%"), 4 for a unitless metric (NDCG, HIT:
+    fractions, where 2 decimals would print 0.02 for every private row of dp_seqrec)."""
+    return 2 if unit == "%" else 4
+
+
+def mean_pm(row: pd.Series, column: str, decimals: int) -> str:
+    """``"mean ± std"`` of ``column`` in a leaderboard row (``–`` for a missing mean or std: one seed)."""
+    if pd.isna(row.get(column)):
+        return "–"
+    std = row.get(f"{column}_std")
+    return f"{row[column]:.{decimals}f} ± {'–' if pd.isna(std) else f'{std:.{decimals}f}'}"
+
+
 def to_markdown(table: pd.DataFrame, title: str = "") -> str:
     """A compact markdown table: labels and overrides, mean ± std (– for one seed) for the scores, then costs.
-    Scores of a unitless metric (NDCG, HIT: fractions) get 4 decimals, percentages and the extra columns 2."""
-    def pm(row, m):
-        if pd.isna(row.get(m)):
-            return "–"
-        std, d = row.get(f"{m}_std"), decimals[m]
-        return f"{row[m]:.{d}f} ± {'–' if pd.isna(std) else f'{std:.{d}f}'}"
-
+    Scores get :func:`score_decimals` of their unit, the extra columns 2."""
     shown = [*(table.attrs.get("primary_columns") or score_columns(ACCURACY)),
              *(c for c in MARKDOWN_EXTRA if c in table and table[c].notna().any())]
     units = table.attrs.get("units", {})
-    decimals = {m: 4 if units.get(m, "%") != "%" else 2 for m in shown}
+    decimals = {m: score_decimals(units.get(m, "%")) for m in shown}
     header = ["suite", "scenario", "strategy", "preset", "overrides", "seeds", *shown, *MARKDOWN_COST]
     lines = [f"# {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -210,7 +218,7 @@ def to_markdown(table: pd.DataFrame, title: str = "") -> str:
         seeds = f"{r['n_seeds']}" + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
         cost = ["–" if pd.isna(r[c]) else fmt.format(r[c]) for c, fmt in MARKDOWN_COST.items()]
         cells = [str(r["suite"]), str(r["scenario"]), str(r["strategy"]), str(r["preset"]), str(r["overrides"]),
-                 seeds, *(pm(r, m) for m in shown), *cost]
+                 seeds, *(mean_pm(r, m, decimals[m]) for m in shown), *cost]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     machines = sorted({m for row in table.get("machine", []) for m in str(row).split("; ") if m})
     if machines:

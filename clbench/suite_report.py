@@ -20,6 +20,7 @@ The numbers are the leaderboard's (mean ± sample std over seeds, one row per ru
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,13 +35,6 @@ from clbench.metrics import SUMMARIES, MetricSpec, primary
 DIRECTION = {"avg_inc": 1, "last": 1, "forgetting": -1, "bwt": 1}
 # summaries whose direction does not follow the metric's: forgetting is the amount lost whatever the metric
 ABSOLUTE = ("forgetting",)
-
-
-def _pm(row: pd.Series, column: str) -> str:
-    if pd.isna(row.get(column)):
-        return "–"
-    std = row.get(f"{column}_std")
-    return f"{row[column]:.2f} ± {'–' if pd.isna(std) else f'{std:.2f}'}"
 
 
 def _best(rows: pd.DataFrame, column: str, sign: int) -> pd.DataFrame:
@@ -58,6 +52,8 @@ def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> li
     offline = rows[rows[col["avg_inc"]].isna() & rows[col["last"]].notna()]
     continual = rows[rows[col["avg_inc"]].notna()]
     unit = f" ({spec.unit})" if spec.unit else ""
+    d = leaderboard.score_decimals(spec.unit)
+    _pm = functools.partial(leaderboard.mean_pm, decimals=d)          # (row, column) -> "mean ± std"
     lines = [f"### {scenario}", "", f"Primary metric: `{spec.name}`{unit}; {len(continual)} continual "
              f"strategies, {len(offline)} offline (joint) row(s).", ""]
     for summary in SUMMARIES:
@@ -85,7 +81,7 @@ def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> li
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for k, (index, row) in enumerate(continual.iterrows(), start=1):      # leaderboard order: best avg_inc first
         gap = [] if not len(joint) else \
-            ["–" if pd.isna(row[col["last"]]) else f"{sign * (upper[col['last']] - row[col['last']]):.2f}"]
+            ["–" if pd.isna(row[col["last"]]) else f"{sign * (upper[col['last']] - row[col['last']]):.{d}f}"]
         forget = [_pm(row, col["forgetting"]), "–" if pd.isna(forget_rank[index]) else f"{forget_rank[index]:.0f}"]
         cells = [str(k), f"`{row['strategy']}`", str(row["n_seeds"]), _pm(row, col["avg_inc"]),
                  _pm(row, col["last"]), *gap, *(forget if shown else [])]

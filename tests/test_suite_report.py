@@ -75,7 +75,8 @@ def test_report_md_line_by_line():
     """The whole report of two scenarios: counts, time span and training minutes; per scenario the best row per
     summary (ties listed; a loss's best avg_inc, last and bwt are the lowest, its forgetting too, as for accuracy:
     forgetting is the amount lost for every metric), the joint upper bound, the ranking table ("|" escaped, gap
-    signed so that positive is worse than joint, forgetting rank 1 = least forgetting); the plots sorted per scenario
+    signed so that positive is worse than joint, forgetting rank 1 = least forgetting; a percentage with 2 decimals, a
+    unitless metric such as the loss with 4, as in the leaderboard); the plots sorted per scenario
     (curves inline, matrices and params as links); the leaderboard as is; failed runs; provenance deduplicated and
     sorted, with "unknown" for what a record lacks. Catches any dropped line, wrong word, number, sign or order."""
     records = RECORDS + LOSS_RECORDS
@@ -102,16 +103,16 @@ def test_report_md_line_by_line():
         "= least forgetting.", "",
         "### z", "",
         "Primary metric: `loss`; 2 continual strategies, 1 offline (joint) row(s).", "",
-        "- best `loss_avg_inc` (lowest): `p|q`, `u` with 2.00 ± –",
-        "- best `loss_last` (lowest): `oracle` with 1.50 ± –",
-        "- best `loss_forgetting` (lowest): `u` with 0.50 ± –",
-        "- best `loss_bwt` (lowest): `p|q` with -1.00 ± –",
-        "- joint upper bound: `oracle`, `loss_last` 1.50 ± –", "",
+        "- best `loss_avg_inc` (lowest): `p|q`, `u` with 2.0000 ± –",
+        "- best `loss_last` (lowest): `oracle` with 1.5000 ± –",
+        "- best `loss_forgetting` (lowest): `u` with 0.5000 ± –",
+        "- best `loss_bwt` (lowest): `p|q` with -1.0000 ± –",
+        "- joint upper bound: `oracle`, `loss_last` 1.5000 ± –", "",
         "| rank | strategy | seeds | loss_avg_inc | loss_last | gap to joint (loss_last) | loss_forgetting | "
         "forgetting rank |",
         "|---|---|---|---|---|---|---|---|",
-        "| 1 | `p\\|q` | 1 | 2.00 ± – | 2.50 ± – | 1.00 | 1.00 ± – | 2 |",
-        "| 2 | `u` | 1 | 2.00 ± – | 3.00 ± – | 1.50 | 0.50 ± – | 1 |", "",
+        "| 1 | `p\\|q` | 1 | 2.0000 ± – | 2.5000 ± – | 1.0000 | 1.0000 ± – | 2 |",
+        "| 2 | `u` | 1 | 2.0000 ± – | 3.0000 ± – | 1.5000 | 0.5000 ± – | 1 |", "",
         "Gap to joint: `loss_last` of `oracle` minus the strategy's (positive: below the upper bound). Forgetting rank "
         "1 = least forgetting.", "",
         "## Plots", "",
