@@ -3,14 +3,14 @@
 scheduling overhead over the local executor.
 
 The suite: ``naive`` (cpu preset, MLP) on the ``synthetic`` scenario, 8 seeds (8 runs), sized by ``--size``:
-``smoke`` (about a second per run; checks the script, its timings mean little) or ``full`` (one run took about 12 s
-of CPU time for training and evaluation on the 2-core development machine: 23 s of process CPU time including ~10 s
-of imports). Every configuration reruns all 8 runs (``force``) into a fresh folder
-and is timed from submission to the last record, worker start-up included (processes for ``--jobs 2``, Ray workers;
-a Ray cluster's own start is not counted: it is started before and shut down after each Ray measurement). The four
-configurations alternate within each of ``--repeats`` rounds, and the median per configuration is reported, so that
-load from other jobs on a shared machine hits all of them alike. All 32 accuracy matrices of a round must agree
-(same seeds, same matrices whatever the executor), or the script stops.
+``smoke`` (well under a second per run; checks the script, its timings mean little), ``full`` (4 epochs: 1.9 s per
+run on the quiet 2-core development machine, 2026-11-25, earlier ~6 s under load) or ``long`` (16 epochs, 4x the
+work per run, so that start-up costs weigh a quarter as much). Every configuration reruns all 8 runs (``force``)
+into a fresh folder and is timed from submission to the last record, worker start-up included (processes for
+``--jobs 2``, Ray workers; a Ray cluster's own start is not counted: it is started before and shut down after each
+Ray measurement). The four configurations alternate within each of ``--repeats`` rounds, and the median per
+configuration is reported, so that load from other jobs on a shared machine hits all of them alike. All 32 accuracy
+matrices of a round must agree (same seeds, same matrices whatever the executor), or the script stops.
 
 Prints the wall times and:
 
@@ -36,7 +36,8 @@ from clbench.config import parse_suite
 from clbench.executors import LocalExecutor, RayExecutor
 
 SIZES = {"smoke": {"train_per_class": 20, "test_per_class": 10, "epochs": 1},
-         "full": {"train_per_class": 2000, "test_per_class": 200, "epochs": 4}}
+         "full": {"train_per_class": 2000, "test_per_class": 200, "epochs": 4},
+         "long": {"train_per_class": 2000, "test_per_class": 200, "epochs": 16}}
 RUNS = 8
 
 

@@ -63,7 +63,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default: results/<suite>)")
     p.add_argument("--executor", default="local", help="local (default) or ray")
     p.add_argument("--jobs", type=_jobs, default=None,
-                   help="local executor: runs at once, each in a spawned worker process (default: $CLBENCH_JOBS, "
+                   help="local executor: runs at once, each in a worker process (default: $CLBENCH_JOBS, "
                         "else auto = one run per core with 1 torch thread each on CPU, one at a time on a GPU)")
     p.add_argument("--retries", type=int, default=1,
                    help="run again a run whose worker process died (killed, out of memory) up to N times, then "
@@ -74,7 +74,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-run", type=float, default=None,
                    help="ray executor: GPUs each run's task asks for (default 0; fractions share a GPU)")
     p.add_argument("--shard-workers", type=int, default=1,
-                   help="train up to N shard members of a run at once (taft_shards, model_soup, sisa): N spawned "
+                   help="train up to N shard members of a run at once (taft_shards, model_soup, sisa): N worker "
                         "processes (local executor) or nested Ray tasks (ray); same results as 1 (default)")
     p.add_argument("--init", help="local checkpoint: sets the 'init' hyperparameter of every strategy that has one")
     p.add_argument("--force", action="store_true",

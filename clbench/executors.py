@@ -1,8 +1,9 @@
 """Run a list of RunSpecs: on this machine (``local``, the default: ``jobs`` runs at once) or on a Ray cluster.
 
 ``local`` with ``jobs=1`` runs the specs one after the other in this process; with ``jobs=N`` it runs N at once in
-spawned worker processes (:mod:`clbench.workers`), each with ``threads`` torch threads (:func:`plan`: by default one
-run per core with one thread each on CPU, which is what the tiny models of the quick suite run fastest with). Each
+worker processes (:mod:`clbench.workers`: forked for one-thread CPU runs on Linux, spawned otherwise), each with
+``threads`` torch threads (:func:`plan`: by default one run per core with one thread each on CPU, which is what the
+tiny models of the quick suite run fastest with). Each
 worker writes its records exactly as a sequential run does. A run that raises is recorded as failed and the others
 go on; a worker process that dies during a run (killed, out of memory) is replaced and the run tried again up to
 ``retries`` times, then recorded as failed with the reason. Ray does the same with its own retries.
@@ -46,7 +47,7 @@ from clbench.config import RunSpec, config_hash
 from clbench.environment import environment, resolve_device
 from clbench.registry import SCENARIOS, STRATEGIES, Registry, load_plugins
 from clbench.runner import RunRecord, record_path, run
-from clbench.workers import WorkerLost, WorkerPool
+from clbench.workers import WorkerLost, WorkerPool, start_method
 
 log = logging.getLogger(__name__)
 EXECUTORS: Registry = Registry("executor")
@@ -186,10 +187,10 @@ def _interrupted(records: list[RunRecord], cancelled: int, out_dir: str | Path) 
 
 @EXECUTORS.register("local")
 class LocalExecutor:
-    """Runs specs on this machine, ``jobs`` at once (``1``: in this process, one after the other; ``N``: in N spawned
-    worker processes), each with ``threads`` torch threads (``None``: torch's default); their shard members in
-    ``shard_workers`` processes. A worker that dies during a run is replaced and the run tried again up to
-    ``retries`` times, then recorded as failed."""
+    """Runs specs on this machine, ``jobs`` at once (``1``: in this process, one after the other; ``N``: in N worker
+    processes, see :func:`clbench.workers.start_method`), each with ``threads`` torch threads (``None``: torch's
+    default); their shard members in ``shard_workers`` processes. A worker that dies during a run is replaced and
+    the run tried again up to ``retries`` times, then recorded as failed."""
 
     def __init__(self, shard_workers: int = 1, force: bool = False, jobs: int = 1, threads: int | None = None,
                  retries: int = 1, **_: object) -> None:
@@ -226,7 +227,9 @@ class LocalExecutor:
         records: list[RunRecord] = []
         bar = progress.bar(total=len(todo), desc=f"runs ({self.jobs} at once)", level="runs")
         try:
-            with WorkerPool(min(self.jobs, len(todo)), setup.apply) as pool:
+            accelerator = torch.cuda.is_initialized() or any(resolve_device(s.device).type != "cpu" for s in todo)
+            with WorkerPool(min(self.jobs, len(todo)), setup.apply,
+                            start_method=start_method(self.threads, accelerator)) as pool:
                 for (spec, _, _), outcome in pool.imap_unordered(_run_local, jobs, retries=self.retries):
                     if isinstance(outcome, WorkerLost):
                         outcome = lost_record(RunSpec.from_dict(spec), outcome.reason)

@@ -6,7 +6,8 @@ function and every item carries all that ``fn`` needs, so that both can be pickl
     states = tasks.current().map(train_member, jobs)       # inside a run: the pool its executor installed
 
 - ``sequential`` (the default): this process, one item after the other, no copies;
-- ``process``: ``workers`` spawned processes on this machine, torch threads split between them;
+- ``process``: ``workers`` processes on this machine (forked or spawned: :func:`clbench.workers.start_method`), torch
+  threads split between them;
 - ``ray``: Ray tasks, at most ``workers`` in flight; inside a Ray task too (nested tasks: Ray releases the caller's
   CPU while it waits in ``ray.get``).
 
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from clbench.registry import Registry
+from clbench.workers import start_method
 
 
 class TaskPool(Protocol):
@@ -59,8 +61,9 @@ def _set_threads(threads: int) -> None:
 
 @TASK_POOLS.register("process")
 class ProcessPool:
-    """``workers`` processes started with ``spawn`` (safe with CUDA and threads) on the first :meth:`map` and kept
-    until :meth:`close`; each runs ``threads`` torch threads (default: this process's threads // workers, >= 1)."""
+    """``workers`` processes started on the first :meth:`map` (forked for one thread each on Linux unless CUDA is in
+    use here, spawned otherwise: :func:`clbench.workers.start_method`) and kept until :meth:`close`; each runs
+    ``threads`` torch threads (default: this process's threads // workers, >= 1)."""
 
     def __init__(self, workers: int, threads: int | None = None) -> None:
         self.workers = workers
@@ -69,7 +72,8 @@ class ProcessPool:
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         if self._executor is None:
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+            method = start_method(self.threads, accelerator=torch.cuda.is_initialized())
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
                                                  initializer=_set_threads, initargs=(self.threads,))
         return list(self._executor.map(fn, items))
 

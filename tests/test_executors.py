@@ -1,6 +1,7 @@
-"""The local executor with ``--jobs N``: runs in spawned worker processes give the records of a sequential run;
-a run that raises, a worker killed once (retried) and a worker killed every time (recorded failed) in one suite;
-Ctrl-C keeps finished records and resume runs the rest; the worker pool itself; ``plan`` and the CLI flags."""
+"""The local executor with ``--jobs N``: runs in worker processes give the records of a sequential run; a run that
+raises, a worker killed once (retried) and a worker killed every time (recorded failed) in one suite; Ctrl-C keeps
+finished records and resume runs the rest; the worker pool itself, spawned and forked, and when it forks; ``plan``
+and the CLI flags."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import tests._scale_fakes  # noqa: F401  (registers test_hold_or_crash)
 from clbench import executors
@@ -19,7 +21,7 @@ from clbench.cli import main
 from clbench.config import parse_suite
 from clbench.executors import LocalExecutor, plan
 from clbench.runner import RunRecord, record_path
-from clbench.workers import WorkerLost, WorkerPool
+from clbench.workers import WorkerLost, WorkerPool, start_method
 from tests._scale_fakes import attempts
 
 SCENARIO = {"name": "synthetic", "args": {"train_per_class": 15, "test_per_class": 10}}
@@ -31,10 +33,11 @@ def _specs(strategies, seeds=(0,)):
 
 
 # ------------------------------------------------------------------------------------------------ worker pool
-def test_worker_pool_yields_results_reraises_errors_and_reports_dead_workers():
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_worker_pool_yields_results_reraises_errors_and_reports_dead_workers(method):
     """Standard-library functions only, so that the spawned workers start fast: ``os._exit(3)`` is a worker that
     dies during its job (exit code 3), ``math.sqrt(-1)`` a job that raises."""
-    with WorkerPool(2, int) as pool:
+    with WorkerPool(2, int, start_method=method) as pool:
         got = dict(pool.imap_unordered(abs, [-1, -2, -3, -4, -5]))
         assert got == {-1: 1, -2: 2, -3: 3, -4: 4, -5: 5}
         lost = dict(pool.imap_unordered(os._exit, [3], retries=2))
@@ -47,6 +50,43 @@ def test_worker_pool_yields_results_reraises_errors_and_reports_dead_workers():
     assert workers and not any(p.is_alive() for p in workers)               # closed: no process left behind
     assert WorkerLost(exitcode=-9, attempts=2).reason.startswith(
         "WorkerLost: the worker process running this job died (killed by signal SIGKILL), 2 time(s)")
+
+
+def test_fork_only_for_one_thread_cpu_workers_on_linux(monkeypatch):
+    """More threads, an unset thread count, a GPU or another system: spawn (a forked child hangs in OpenMP, loses
+    its CUDA context or breaks macOS libraries)."""
+    monkeypatch.setattr("sys.platform", "linux")
+    assert start_method(1, accelerator=False) == "fork"
+    assert [start_method(2, False), start_method(None, False), start_method(1, True)] == ["spawn"] * 3
+    monkeypatch.setattr("sys.platform", "darwin")
+    assert start_method(1, accelerator=False) == "spawn"
+
+
+def _matmul_trace(n: int) -> float:
+    x = torch.linspace(0, 1, n * n).reshape(n, n)
+    return float(torch.relu(x @ x.T).sum() + torch.nn.functional.conv2d(x[None, None], torch.ones(1, 1, 3, 3)).sum())
+
+
+def test_forked_one_thread_worker_runs_torch_after_the_parent_used_two_threads():
+    """The case ``start_method`` allows: this thread used OpenMP with 2 threads, then forks (from the same thread:
+    GNU OpenMP's pool belongs to the thread that used it) a worker set to one thread, which still runs matmul, an
+    elementwise op and a convolution. With 2 threads in the worker this hangs (checked by hand); an alarm turns a
+    hang into a failure after 120 s instead of blocking the test run."""
+    def hung(*_):
+        raise TimeoutError("the forked worker hung")
+
+    before = torch.get_num_threads()
+    previous = signal.signal(signal.SIGALRM, hung)
+    torch.set_num_threads(2)
+    try:
+        expected = _matmul_trace(1024)
+        signal.alarm(120)
+        with WorkerPool(1, torch.set_num_threads, (1,), start_method="fork") as pool:
+            assert dict(pool.imap_unordered(_matmul_trace, [1024])) == {1024: pytest.approx(expected, rel=1e-6)}
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------------------------------- executor
@@ -109,6 +149,28 @@ def test_ctrl_c_stops_the_workers_keeps_finished_records_and_resume_runs_the_res
     records = LocalExecutor().run_all(specs, out)                        # resume: the three others only
     assert [r.run_id for r in records] == [s.run_id for s in specs[1:]]
     assert all(r.status == "finished" for r in records) and attempts(markers, 0) == 1
+
+
+class _Chosen(Exception):
+    """Raised by the stand-in pool below with the start method the executor chose."""
+
+
+def test_executor_forks_one_thread_cpu_runs_and_spawns_the_rest(monkeypatch):
+    def pool(workers, setup, setup_args=(), start_method="spawn"):
+        raise _Chosen(start_method)
+
+    monkeypatch.setattr(executors, "WorkerPool", pool)
+    monkeypatch.setattr("sys.platform", "linux")
+    specs = _specs([{"name": "naive", "preset": "cpu"}], seeds=(0, 1))
+    chosen = []
+    for threads in (1, 2, None):
+        with pytest.raises(_Chosen) as info:
+            LocalExecutor(jobs=2, threads=threads, force=True).run_all(specs, "/nonexistent/clbench-test")
+        chosen.append(info.value.args[0])
+    assert chosen == ["fork", "spawn", "spawn"]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)           # CUDA used in this process
+    with pytest.raises(_Chosen, match="spawn"):
+        LocalExecutor(jobs=2, threads=1, force=True).run_all(specs, "/nonexistent/clbench-test")
 
 
 # ------------------------------------------------------------------------------------------------- plan, flags
