@@ -3,14 +3,14 @@
 ``local`` with ``jobs=1`` runs the specs one after the other in this process; with ``jobs=N`` it runs N at once in
 worker processes (:mod:`clbench.workers`: forked for one-thread CPU runs on Linux, spawned otherwise), each with
 ``threads`` torch threads (:func:`plan`: by default one run per core with one thread each on CPU, which is what the
-tiny models of the quick suite run fastest with). Each
-worker writes its records exactly as a sequential run does. A run that raises is recorded as failed and the others
-go on; a worker process that dies during a run (killed, out of memory) is replaced and the run tried again up to
-``retries`` times, then recorded as failed with the reason. Ray does the same with its own retries.
+tiny models of the quick suite run fastest with). Each worker writes its records exactly as a sequential run does.
+A run that raises is recorded as failed and the others go on; a worker process that dies during a run (killed, out
+of memory) is replaced and the run tried again up to ``retries`` times, then recorded as failed with the reason.
+Ray does the same with its own retries.
 
 Independent work inside a run (the shard members of ``taft_shards``, ``model_soup``, ``sisa``) goes through the
 task pool the executor installs around its runs (:mod:`clbench.tasks`): with ``shard_workers > 1``, a pool of that
-many spawned processes (``local``) or nested Ray tasks (``ray``); in the run's process otherwise. The pool does not
+many worker processes (``local``) or nested Ray tasks (``ray``); in the run's process otherwise. The pool does not
 change results.
 
 Both executors resume: a run whose record exists with status ``finished``, the same identity hash (same suite,
@@ -227,7 +227,7 @@ class LocalExecutor:
         records: list[RunRecord] = []
         bar = progress.bar(total=len(todo), desc=f"runs ({self.jobs} at once)", level="runs")
         try:
-            accelerator = torch.cuda.is_initialized() or any(resolve_device(s.device).type != "cpu" for s in todo)
+            accelerator = any(resolve_device(s.device).type != "cpu" for s in todo)
             with WorkerPool(min(self.jobs, len(todo)), setup.apply,
                             start_method=start_method(self.threads, accelerator)) as pool:
                 for (spec, _, _), outcome in pool.imap_unordered(_run_local, jobs, retries=self.retries):

@@ -72,7 +72,7 @@ class ProcessPool:
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         if self._executor is None:
-            method = start_method(self.threads, accelerator=torch.cuda.is_initialized())
+            method = start_method(self.threads, accelerator=False)      # spawn if CUDA is in use here
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
                                                  initializer=_set_threads, initargs=(self.threads,))
         return list(self._executor.map(fn, items))

@@ -40,9 +40,12 @@ def start_method(threads: int | None, accelerator: bool) -> str:
     ``--jobs 2`` slower than ``--jobs 1`` on an 8-run suite of 2-second runs; docs/scale_out.md). Fork is refused
     where it is unsafe: more than one (or an unset number of) torch threads per worker (GNU OpenMP's thread pool,
     once used by the parent, hangs a forked child's first parallel region: seen here with torch 2.14.1, while a
-    one-thread child never enters it), an ``accelerator`` (runs on a GPU, or CUDA initialized in the parent: a CUDA
-    context does not survive fork) and other systems than Linux (macOS system libraries are not fork-safe)."""
-    return "fork" if sys.platform == "linux" and threads == 1 and not accelerator else "spawn"
+    one-thread child never enters it), workers that run on an ``accelerator`` or a parent that has initialized CUDA
+    (a CUDA context does not survive fork), and other systems than Linux (macOS system libraries are not
+    fork-safe)."""
+    torch = sys.modules.get("torch")                   # not imported: CUDA cannot be in use here
+    cuda_here = torch is not None and torch.cuda.is_initialized()
+    return "fork" if sys.platform == "linux" and threads == 1 and not (accelerator or cuda_here) else "spawn"
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,14 @@ def test_worker_pool_yields_results_reraises_errors_and_reports_dead_workers(met
 
 
 def test_fork_only_for_one_thread_cpu_workers_on_linux(monkeypatch):
-    """More threads, an unset thread count, a GPU or another system: spawn (a forked child hangs in OpenMP, loses
-    its CUDA context or breaks macOS libraries)."""
+    """More threads, an unset thread count, a GPU, CUDA initialized here or another system: spawn (a forked child
+    hangs in OpenMP, loses its CUDA context or breaks macOS libraries)."""
     monkeypatch.setattr("sys.platform", "linux")
     assert start_method(1, accelerator=False) == "fork"
     assert [start_method(2, False), start_method(None, False), start_method(1, True)] == ["spawn"] * 3
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)           # CUDA used in this process
+    assert start_method(1, accelerator=False) == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr("sys.platform", "darwin")
     assert start_method(1, accelerator=False) == "spawn"
 
