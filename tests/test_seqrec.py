@@ -1,6 +1,8 @@
 """The seqrec model (causality, the shared embedding, the loss) and the ``seqrec`` strategy through the runner, the
 ranking evaluator and the record; private training with the ``dp`` callback feeding Re-Attention's σ_dp."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from clbench.models.seqrec import SeqRec, next_item_loss
 from clbench.protocol import ScenarioInfo
 from clbench.registry import MODELS, SCENARIOS, STRATEGIES
 from clbench.scenarios.movielens import sequences_scenario
-from clbench.strategies.seqrec import item_frequency
+from clbench.strategies.seqrec import item_counts, item_frequency
 
 N_ITEMS = 12
 
@@ -114,3 +116,30 @@ def test_private_training_feeds_reattention_the_calibrated_sigma():
     assert prior.sigma_dp == dp.call.sigma > 0 and prior.active and prior.clip == 0.5
     assert prior.batch_size == pytest.approx(dp.call.sample_rate * dp.call.n)
     assert strategy.extra_metrics()["reattention_sigma_dp"] == dp.call.sigma
+
+
+def test_private_reattention_releases_a_noised_frequency_prior_and_counts_it_in_epsilon():
+    """Under dp the prior is the presence counts plus N(0, σ_f² L) (L = 6, the window length; σ_f = prior_noise =
+    2, drawn from the global generator right before training), over M windows, clipped to [0, 1], padding 0; the
+    release is part of the call and of the run's ε; catches an unnoised prior, a wrong sensitivity or a release
+    left out of ε."""
+    privacy = pytest.importorskip("clbench.privacy")
+    scenario = cycles(users=24)
+    x = scenario.train_stream[0].dataset.x
+    config = STRATEGIES.get("seqrec").Config(dim=8, epochs=1, batch_size=8, attention="reattention", prior_noise=2.0)
+    strategy = STRATEGIES.get("seqrec")(scenario.info, "cpu", config)
+    strategy.callbacks.attach([CallbackSpec("dp", {"epsilon": 8.0})],
+                              CallbackContext(run_id="prior", modules=strategy.modules, n_train=len(x)))
+    torch.manual_seed(5)
+    noise = torch.randn(N_ITEMS + 1) * 2.0 * math.sqrt(6)
+    expected = ((item_counts(x, N_ITEMS) + noise) / len(x)).clamp(0, 1)
+    expected[0] = 0.0
+    torch.manual_seed(5)
+    strategy.train(scenario.train_stream[0])
+    (dp,) = strategy.callbacks.callbacks
+    assert isinstance(dp, privacy.PrivateTraining) and x.shape[1] == 6
+    torch.testing.assert_close(strategy.model.error_prior.token_frequency, expected)
+    assert not torch.equal(expected, item_frequency(x, N_ITEMS))
+    assert dp.call.releases == [(2.0, 1.0, 1)]
+    spent = dp.extra_metrics()["epsilon"]
+    assert spent == privacy.accountant.epsilon(dp.call.history(), dp.delta) and 7.9 < spent <= 8.0

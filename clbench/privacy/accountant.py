@@ -6,6 +6,12 @@ A private training call is the subsampled Gaussian mechanism applied ``steps`` t
 (noise ``N(0, σ²R²)`` on the sum of clipped gradients, ``R`` the clipping norm). :func:`noise_multiplier` finds the
 smallest ``σ`` (opacus's binary search, tolerance 0.01 in ε) whose ``(ε, δ)`` after those steps is within budget;
 :func:`epsilon` reports the ε of a history of such calls composed (RDP composition, converted at ``δ``).
+
+A statistic of the same data released once before training with the Gaussian mechanism (noise ``N(0, σ_f² Δ²)``
+on a statistic of L2 sensitivity ``Δ``; e.g. Re-Attention's token-frequency prior) is the entry ``(σ_f, 1, 1)``
+(sampling rate 1, one step) of the history; :func:`noise_multiplier` given such ``releases`` calibrates the
+training's ``σ`` for the composition: the same doubling-then-bisection search as opacus's, on opacus's ε of
+``[(σ, q, steps), *releases]``.
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ def _opacus():
 
 
 @lru_cache(maxsize=256)
-def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
-    """``σ`` such that ``steps`` Poisson-subsampled Gaussian steps at rate ``sample_rate`` spend at most
-    ``(epsilon, delta)`` under the RDP accountant (cached: opacus's search takes seconds, and the experiences of a
-    run usually share one schedule)."""
+def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int,
+                     releases: tuple[tuple[float, float, int], ...] = ()) -> float:
+    """``σ`` such that ``steps`` Poisson-subsampled Gaussian steps at rate ``sample_rate``, composed with the
+    ``releases`` ``((σ_f, q_f, steps_f), ...)`` of the same data, spend at most ``(epsilon, delta)`` under the RDP
+    accountant (cached: opacus's search takes seconds, and the experiences of a run usually share one schedule)."""
+    if releases:
+        return _composed_noise_multiplier(epsilon, delta, sample_rate, steps, releases)
     get_noise_multiplier = _opacus().utils.get_noise_multiplier
     try:
         with warnings.catch_warnings():
@@ -48,6 +57,31 @@ def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: in
         raise PrivacyBudgetError(f"dp: no noise multiplier reaches epsilon={epsilon} at delta={delta:.3g} for "
                                  f"{steps} steps at sampling rate {sample_rate:.4g} (opacus: {exc}); raise epsilon "
                                  f"or train fewer steps.") from None
+
+
+def _composed_noise_multiplier(target: float, delta: float, sample_rate: float, steps: int,
+                               releases: tuple[tuple[float, float, int], ...], tolerance: float = 0.01) -> float:
+    """The smallest ``σ`` (to ``tolerance`` in ε, from below) with ``ε([(σ, q, steps), *releases]) ≤ target``;
+    refused when the releases alone spend the target."""
+    released = epsilon(releases, delta)
+    if released >= target:
+        raise PrivacyBudgetError(f"dp: the statistics released before training (noise multipliers "
+                                 f"{', '.join(f'{s:g}' for s, _, _ in releases)}) alone spend epsilon="
+                                 f"{released:.3g} of the budget {target} at delta={delta:.3g}; give them more noise "
+                                 f"or raise epsilon.")
+
+    def spent(sigma: float) -> float:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Optimal order is the (largest|smallest) alpha")
+            return epsilon([(sigma, sample_rate, steps), *releases], delta)
+
+    low, high = 0.0, 10.0
+    while spent(high) > target:                  # ends: as σ grows, the composition's ε falls to the releases' own
+        low, high = high, 2 * high
+    while target - spent(high) > tolerance:
+        middle = (low + high) / 2
+        low, high = (middle, high) if spent(middle) > target else (low, middle)
+    return high
 
 
 def epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:

@@ -27,6 +27,10 @@ training samples), ``q = b/n_call`` and ``steps = epochs·⌈n_call/b⌉`` (:mod
 run in other processes) and the run's ε is reported as the ``epsilon`` extra metric. When it calibrates a call, the
 callback also hands that call's noise to every module that tracks errors for Re-Attention (``set_error_prior``,
 :mod:`clbench.privacy.reattention`).
+
+A strategy that needs a statistic of a call's data before training it (Re-Attention's token-frequency prior) asks
+the callback for it (:meth:`PrivateTraining.release`): the Gaussian mechanism, whose cost ``(σ_f, 1, 1)`` joins the
+next call's record, its σ calibration and the run's ε (:mod:`clbench.privacy.accountant`).
 """
 
 from __future__ import annotations
@@ -110,7 +114,12 @@ class TrainingCall:
     sigma: float
     member: str = ""
     steps_taken: int = 0
+    releases: list[tuple[float, float, int]] = field(default_factory=list)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def history(self) -> list[tuple[float, float, int]]:
+        """The mechanisms this call applied to its data, for the accountant: ``[(σ, q, steps), *releases]``."""
+        return [(self.sigma, self.sample_rate, self.steps), *map(tuple, self.releases)]
 
 
 LEDGER: dict[str, dict[str, TrainingCall]] = {}
@@ -129,6 +138,7 @@ class PrivateTraining(Callback):
         self.call: TrainingCall | None = None
         self.batch = 0
         self.noise: torch.Generator | None = None
+        self.releases: list[tuple[float, float, int]] = []
 
     # ------------------------------------------------------------------------------------------------ set-up
     def setup(self, context: CallbackContext) -> None:
@@ -149,9 +159,11 @@ class PrivateTraining(Callback):
         """Calibrate σ for this call and install the hooks; its minibatches are Poisson draws."""
         plan = PoissonPlan.for_batch_size(n, batch_size)
         steps = epochs * plan.steps_per_epoch
+        releases, self.releases = tuple(self.releases), []
         sigma = self.config.noise_multiplier if self.config.noise_multiplier is not None else \
-            noise_multiplier(self.config.epsilon, self.delta, plan.sample_rate, steps)
-        self.call = TrainingCall(n, batch_size, epochs, plan.sample_rate, steps, sigma, self.context.member)
+            noise_multiplier(self.config.epsilon, self.delta, plan.sample_rate, steps, releases)
+        self.call = TrainingCall(n, batch_size, epochs, plan.sample_rate, steps, sigma, self.context.member,
+                                 releases=list(releases))
         LEDGER.setdefault(self.context.run_id, {})[self.call.id] = self.call
         self._install()
         self._set_error_priors()
@@ -161,6 +173,20 @@ class PrivateTraining(Callback):
                 self.noise = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=generator)))
             return plan(generator)
         return draws
+
+    def release(self, values: Tensor, sensitivity: float, noise_multiplier: float) -> Tensor:
+        """The Gaussian mechanism on a statistic of the NEXT training call's data: ``values + N(0, σ_f² Δ² I)``, with
+        ``Δ = sensitivity`` the most one sample can change ``values`` in L2 norm and ``σ_f = noise_multiplier``. Its
+        cost ``(σ_f, 1, 1)`` is composed into that call: the call's σ is calibrated for the composition and the run's
+        ε includes it. The noise comes from torch's global generator (seeded per run)."""
+        if not (math.isfinite(sensitivity) and sensitivity > 0):
+            raise PrivacyBudgetError(f"dp: a released statistic needs a finite sensitivity > 0, got {sensitivity}.")
+        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise PrivacyBudgetError(f"dp: a released statistic needs a finite noise multiplier > 0, got "
+                                     f"{noise_multiplier}.")
+        self.releases.append((float(noise_multiplier), 1.0, 1))
+        return values + torch.randn(values.shape, dtype=values.dtype).to(values.device) * (noise_multiplier *
+                                                                                           sensitivity)
 
     def _install(self) -> None:
         if self.tape is not None:
@@ -232,14 +258,18 @@ class PrivateTraining(Callback):
         return list(calls.values())
 
     def extra_metrics(self) -> dict[str, float]:
-        """``epsilon``: the largest ε of the run's training calls (each used disjoint data), at the run's δ."""
+        """``epsilon``: the largest ε of the run's training calls (each used disjoint data; a call's ε includes the
+        statistics released from its data), at the run's δ."""
         if self.context.member:
             return {}
+        if self.releases:
+            raise RuntimeError(f"dp: {len(self.releases)} statistic(s) were released without a training call after "
+                               f"them, so the run's epsilon would leave them out.")
         calls = self.calls()
         if not calls:
             raise RuntimeError("dp: no private training call was recorded for this run, so no epsilon can be "
                                "reported.")
-        spent = [epsilon([(c.sigma, c.sample_rate, c.steps)], self.delta) for c in calls]
+        spent = [epsilon(c.history(), self.delta) for c in calls]
         return {"epsilon": max(spent), "noise_multiplier": max(c.sigma for c in calls), "delta": self.delta}
 
 
