@@ -183,13 +183,14 @@ def _relu_var(mu: Tensor, var: Tensor) -> Tensor:
 
 
 def _quadrature_var(fn, mu: Tensor, var: Tensor) -> Tensor:
-    """Variance of ``fn(X)`` for ``X ~ N(μ, v)`` by Gauss–Hermite quadrature."""
-    nodes = torch.as_tensor(_NODES, dtype=mu.dtype, device=mu.device)
-    weights = torch.as_tensor(_WEIGHTS / math.sqrt(math.pi), dtype=mu.dtype, device=mu.device)
-    points = mu.unsqueeze(-1) + (2 * var).sqrt().unsqueeze(-1) * nodes
-    values = fn(points)
-    m1 = (values * weights).sum(-1)
-    m2 = (values.square() * weights).sum(-1)
+    """Variance of ``fn(X)`` for ``X ~ N(μ, v)`` by Gauss–Hermite quadrature, ``E[g(X)] ≈ Σ_k w_k g(μ + √(2v) x_k)
+    / √π``, accumulated node by node (memory of a few copies of ``μ``, not :data:`HERMITE_NODES` of them)."""
+    spread = (2 * var).sqrt()
+    m1, m2 = torch.zeros_like(mu), torch.zeros_like(mu)
+    for node, weight in zip(_NODES.tolist(), (_WEIGHTS / math.sqrt(math.pi)).tolist()):
+        value = fn(torch.add(mu, spread, alpha=node))
+        m1.add_(value, alpha=weight)
+        m2.addcmul_(value, value, value=weight)
     return (m2 - m1.square()).clamp(min=0)
 
 
