@@ -10,6 +10,7 @@ import json
 import math
 import re
 import sys
+import warnings
 
 import pytest
 import torch
@@ -149,6 +150,18 @@ def test_a_release_beside_the_steps_is_composed_into_the_calibration_or_refused_
     with _refused(f"dp: the statistics released before training (noise multipliers 3) alone spend "
                   f"epsilon={alone:.3g} of the budget 1.0 at delta=1e-05; give them more noise or raise epsilon."):
         noise_multiplier(1.0, 1e-5, 0.01, 1000, releases)
+
+
+def test_the_composed_search_brackets_sigma_above_its_first_guess():
+    """A tight budget (ε = 0.5 for 100 steps at q = 0.5, beside a release σ_f = 60 that spends ε ≈ 0.11) needs
+    σ > 10, the search's first upper bound: it doubles the bracket and still lands within the tolerance; catches a
+    search that stops at its first bracket."""
+    releases = ((60.0, 1.0, 1),)
+    sigma = noise_multiplier(0.5, 1e-5, 0.5, 100, releases)
+    assert sigma > 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert 0.49 <= epsilon([(sigma, 0.5, 100), *releases], 1e-5) <= 0.5
 
 
 def test_without_opacus_the_accountant_says_which_extra_to_install(monkeypatch):
