@@ -95,7 +95,7 @@ def test_prefix_equals_the_gated_attention_form(fused, reparam):
     x = torch.randn(2, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     with model.use(petl):
         out = attention(x)
-    prefixes = petl.prefix()[1]                                          # (2, l, d) of block 1
+    prefixes = petl.prefix(1)[0, 1]                                      # (2, l, d) of block 1
     heads, d_h = base.num_heads, base.head_dim
     w_q, w_k, w_v = base.qkv.weight.split(32)
     b_q, b_k, b_v = base.qkv.bias.split(32)

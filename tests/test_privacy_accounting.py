@@ -20,6 +20,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
 from clbench.callbacks import CallbackContext
+from clbench.petl import METHODS
 from clbench.privacy import step
 from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
 from clbench.privacy.reattention import ErrorPrior, ErrorTracking
@@ -94,14 +95,20 @@ def test_dp_arguments_reach_the_budget_in_order_with_the_documented_defaults():
 
 
 def test_strategies_that_reuse_samples_are_refused_and_private_ones_accepted():
-    """The allow-list: replay is refused with the exact line listing the private strategies; each listed one is
-    accepted; catches an inverted check or an altered message."""
-    for name in PRIVATE_STRATEGIES:
+    """The allow-list, once the strategy modules have declared theirs: the seven built-in ones and every PETL
+    method's shared and ``_merge`` strategies, not ``_per_task`` (noise-free prototypes); replay and a per-task PETL
+    strategy are refused with the exact line listing them; each listed one is accepted; catches an inverted check,
+    a missing or extra declaration or an altered message."""
+    check_private_strategy("naive")                              # loads the strategy modules
+    petl = {method + variant for method in METHODS.names() for variant in ("", "_merge")}
+    expected = sorted({"model_soup", "naive", "nlft", "seqrec", "sisa", "taft", "taft_shards"} | petl)
+    assert sorted(PRIVATE_STRATEGIES) == expected and "lora_per_task" not in PRIVATE_STRATEGIES
+    for name in expected:
         check_private_strategy(name)
-    with _refused("dp: strategy 'replay' is not known to use each sample in one training call only, so its epsilon "
-                  "cannot be accounted; private strategies: model_soup, naive, nlft, seqrec, sisa, taft, "
-                  "taft_shards."):
-        check_private_strategy("replay")
+    for name in ("replay", "lora_per_task"):
+        with _refused(f"dp: strategy {name!r} is not known to use each sample in one training call only, so its "
+                      f"epsilon cannot be accounted; private strategies: {', '.join(expected)}."):
+            check_private_strategy(name)
 
 
 # ------------------------------------------------------------------------------------------------ accountant

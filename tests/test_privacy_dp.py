@@ -232,6 +232,22 @@ def test_private_seqrec_refuses_a_stream_of_several_periods():
         strategy.train(None)
 
 
+def test_private_shared_petl_refuses_a_rehearsal_memory():
+    """Replayed samples train in several experiences: per-experience accounting would understate their ε; the
+    exact line, before any training (without a memory the same strategy is private: the record test above)."""
+    from clbench.registry import STRATEGIES
+
+    factory = STRATEGIES.get("lora")
+    info = ClassificationInfo(name="b", n_classes=4, classes_per_experience=(2, 2), input_shape=(3, 8, 8))
+    config = factory.Config(mem_size=10, model_args={"embed_dim": 16, "depth": 1, "num_heads": 2, "patch_size": 4})
+    strategy = factory(info, torch.device("cpu"), config)
+    strategy.callbacks.callbacks.append(PrivateTraining(epsilon=3.0))
+    with pytest.raises(ValueError, match="^LoraSharedPETL: dp with a rehearsal memory \\(mem_size 10\\) is refused: "
+                                         "replayed samples are trained on in several experiences, so the "
+                                         "per-experience epsilon would understate theirs; set mem_size: 0.$"):
+        strategy.train(None)
+
+
 def test_dp_entry_is_part_of_the_run_identity():
     a = suite({"name": "naive", "dp": {"epsilon": 3.0}}).run_specs("cpu")[0]
     b = suite({"name": "naive", "dp": {"epsilon": 8.0}}).run_specs("cpu")[0]
@@ -245,7 +261,13 @@ def test_dp_entry_is_part_of_the_run_identity():
                                                 {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}}},
     {"name": "nlft", "preset": "cpu", "args": {"epochs": 2, "batch_size": 16, "model_args":
                                                 {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}}},
-], ids=["naive", "taft", "nlft"])
+    {"name": "mam", "preset": "cpu", "args": {"epochs": 2, "batch_size": 16, "size": 2, "prefix_length": 3,
+                                              "model_args": {"embed_dim": 16, "depth": 2, "num_heads": 2,
+                                                             "patch_size": 4}}},
+    {"name": "lora_merge", "preset": "cpu", "args": {"epochs": 2, "batch_size": 16, "size": 2, "lora_ffn": True,
+                                                     "model_args": {"embed_dim": 16, "depth": 2, "num_heads": 2,
+                                                                    "patch_size": 4}}},
+], ids=["naive", "taft", "nlft", "mam", "lora_merge"])
 def test_dp_suite_entry_reaches_the_record_with_epsilon(strategy, tmp_path):
     torch.set_default_dtype(torch.float32)
     spec = suite({**strategy, "dp": {"epsilon": 3.0, "clip": 1.0}}).run_specs("cpu")[0]

@@ -39,7 +39,7 @@ class Slot:
     def __init__(self) -> None:
         self.active: PETLSet | None = None
         self.merged = False
-        self._prefixes: tuple[int, Tensor] | None = None
+        self._prefixes: tuple[tuple[int, int], Tensor] | None = None
 
     def module(self, layer: int, key: str) -> nn.Module | None:
         """The active set's module ``key`` of block ``layer`` (None: no set, or none there)."""
@@ -47,13 +47,15 @@ class Slot:
             return None
         return self.active.blocks[layer][key]
 
-    def prefix(self, layer: int) -> Tensor | None:
-        """``(2, l, d)`` keys and values of block ``layer`` (the bank is evaluated once per forward pass)."""
+    def prefix(self, layer: int, batch: int) -> Tensor | None:
+        """``(B, 2, l, d)`` keys and values of block ``layer`` for a batch of ``B`` (the bank is evaluated once per
+        forward pass)."""
         if self.active is None or self.active.prefix is None:
             return None
-        if layer == 0 or self._prefixes is None or self._prefixes[0] != id(self.active):
-            self._prefixes = (id(self.active), self.active.prefix())
-        return self._prefixes[1][layer]
+        key = (id(self.active), batch)
+        if layer == 0 or self._prefixes is None or self._prefixes[0] != key:
+            self._prefixes = (key, self.active.prefix(batch))
+        return self._prefixes[1][:, layer]
 
 
 class LinearHook(nn.Module):
@@ -105,7 +107,7 @@ class AttentionHook(nn.Module):
         self.base, self.layer, self.slot = base, layer, slot
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        prefix, heads = self.slot.prefix(self.layer), self.slot.module(self.layer, "heads")
+        prefix, heads = self.slot.prefix(self.layer, x.shape[0]), self.slot.module(self.layer, "heads")
         if prefix is None and heads is None:
             out = self.base(x, attn_mask=attn_mask, is_causal=is_causal)
         else:
@@ -124,9 +126,9 @@ class AttentionHook(nn.Module):
         qkv = a.qkv(x).reshape(batch, tokens, 3, a.num_heads, a.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = a.q_norm(q), a.k_norm(k)
-        if prefix is not None:
-            pk, pv = (p.reshape(1, -1, a.num_heads, a.head_dim).transpose(1, 2).expand(batch, -1, -1, -1)
-                      .to(k.dtype) for p in prefix)
+        if prefix is not None:                                               # (B, 2, l, d)
+            pk, pv = (prefix[:, j].reshape(batch, -1, a.num_heads, a.head_dim).transpose(1, 2).to(k.dtype)
+                      for j in (0, 1))
             k, v = torch.cat((pk, k), dim=2), torch.cat((pv, v), dim=2)
         if a.fused_attn:
             z = F.scaled_dot_product_attention(q, k, v, dropout_p=a.attn_drop.p if a.training else 0.0)

@@ -56,8 +56,9 @@ class LoRA(nn.Module):
     """Low-rank update of a Linear ``W: (out, in)`` on some of its output rows: for each target ``t`` (rows
     ``segments[t] = (start, stop)``), ``Δy[..., start:stop] = s · x A_t^T B_t^T`` with ``A_t: (r, in)`` (Kaiming
     uniform, as LoRA) and ``B_t: (stop - start, r)`` = 0; other rows get 0. :meth:`delta_weight` is the merged
-    ``ΔW`` with ``W x + Δy = (W + ΔW) x``. ``Δy`` is added in place to the base layer's fresh output (no
-    full-width zero blocks), which keeps unmerged inference cheap.
+    ``ΔW`` with ``W x + Δy = (W + ΔW) x``. ``Δy`` is added to the target rows only (no full-width zero blocks),
+    out of place: autograd hooks on the result (per-sample clipping) need a tensor that did not turn into one
+    requiring gradients through an in-place write into a view.
 
     timm's fused ``qkv`` Linear ``(3d, d)`` with LoRA on ``W_q`` and ``W_v``: ``segments = ((0, d), (2d, 3d))``."""
 
@@ -75,12 +76,14 @@ class LoRA(nn.Module):
         return self.B.split([stop - start for start, stop in self.segments])
 
     def forward(self, out: Tensor, x: Tensor) -> Tensor:
-        """``out + Δy``: adds ``Δy`` in place to the target rows of ``out = W x + b`` ``(..., out)`` (the other
-        rows are left as they are); ``x: (..., in)``."""
+        """``out + Δy``: ``Δy`` added to the target rows of ``out = W x + b`` ``(..., out)`` (the other rows as they
+        are); ``x: (..., in)``."""
         low = F.linear(x, self.A).split(self.r, dim=-1)                     # (..., r) per target
+        parts, done = [], 0
         for (start, stop), h, b in zip(self.segments, low, self._b_blocks()):
-            out[..., start:stop] += self.scale * F.linear(h, b)
-        return out
+            parts += [out[..., done:start], out[..., start:stop] + self.scale * F.linear(h, b)]
+            done = stop
+        return torch.cat([*parts, out[..., done:]], dim=-1)
 
     @torch.no_grad()
     def delta_weight(self) -> Tensor:
@@ -92,10 +95,12 @@ class LoRA(nn.Module):
 
 
 class PrefixBank(nn.Module):
-    """Prefix vectors of every block: :meth:`forward` gives ``(L, 2, l, d)`` (``[:, 0]`` keys ``P_k``, ``[:, 1]``
-    values ``P_v``). Free vectors start ~ N(0, 0.02²); with ``reparam = k > 0`` they are
-    ``MLP(E) = tanh(E W_1 + b_1) W_2 + b_2`` reshaped, ``E: (l, d)`` ~ N(0, 1) (``nn.Embedding``'s init),
-    ``W_1: (d, k)``, ``W_2: (k, 2Ld)`` (Li & Liang's reparametrization as in He et al.'s code)."""
+    """Prefix vectors of every block: :meth:`forward` gives ``(B, L, 2, l, d)`` (``[:, :, 0]`` keys ``P_k``,
+    ``[:, :, 1]`` values ``P_v``), the same for every sample: an expanded view over the batch, so that each sample's
+    use of the prefixes has its own gradient (what per-sample clipping reads, :mod:`clbench.privacy.petl_rules`).
+    Free vectors start ~ N(0, 0.02²); with ``reparam = k > 0`` they are ``MLP(E) = tanh(E W_1 + b_1) W_2 + b_2``
+    reshaped, ``E: (l, d)`` ~ N(0, 1) (``nn.Embedding``'s init), ``W_1: (d, k)``, ``W_2: (k, 2Ld)`` (Li & Liang's
+    reparametrization as in He et al.'s code)."""
 
     def __init__(self, depth: int, length: int, dim: int, reparam: int = 0) -> None:
         super().__init__()
@@ -106,11 +111,13 @@ class PrefixBank(nn.Module):
         else:
             self.prefix = nn.Parameter(torch.randn(depth, 2, length, dim) * 0.02)
 
-    def forward(self) -> Tensor:
+    def forward(self, batch: int) -> Tensor:
         if hasattr(self, "mlp"):
             out = self.mlp(self.embedding)                                   # (l, 2Ld)
-            return out.view(self.length, self.depth, 2, self.dim).permute(1, 2, 0, 3)
-        return self.prefix
+            prefix = out.view(self.length, self.depth, 2, self.dim).permute(1, 2, 0, 3)
+        else:
+            prefix = self.prefix
+        return prefix.expand(batch, *prefix.shape)
 
 
 def _block_modules(m: Modification, shape: ViTShape) -> dict[str, nn.Module]:

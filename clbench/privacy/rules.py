@@ -63,13 +63,16 @@ class Rule:
     ``capture(module, args, output) -> Call | None`` (None: nothing to record, e.g. no gradient will flow);
     ``operands(module, calls)``: what the two results are computed from (e.g. ``A, G``), formed once per batch;
     ``sq_norms(module, ops) -> (B,)`` ``Σ_params ‖∇θ_i‖²``; ``weighted(module, ops, w) -> {name: Σ_i w_i ∇θ_i}``.
-    ``hook(module, record, rule) -> handles`` installs the capture (default: a forward hook on the module)."""
+    ``hook(module, record, rule) -> handles`` installs the capture (default: a forward hook on the module).
+    ``subtree``: the rule covers the parameters of the module's descendants too (named as ``named_parameters``
+    names them, e.g. ``mlp.0.weight``); the tape then hooks none of them separately."""
 
     capture: Callable[[nn.Module, tuple, Any], Call | None]
     operands: Callable[[nn.Module, list[Call]], Any]
     sq_norms: Callable[[nn.Module, Any], Tensor]
     weighted: Callable[[nn.Module, Any, Tensor], dict[str, Tensor]]
     hook: Callable[[nn.Module, Callable[[Call], None], Rule], list[RemovableHandle]] | None = None
+    subtree: bool = False
 
     def install(self, module: nn.Module, record: Callable[[Call], None]) -> list[RemovableHandle]:
         return (self.hook or forward_hook)(module, record, self)
@@ -156,8 +159,11 @@ def weighted_sum(v: Tensor, w: Tensor) -> Tensor:
 
 
 def own(module: nn.Module) -> dict[str, nn.Parameter]:
-    """The module's own (not its children's) parameters that are trained."""
-    return {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
+    """The trained parameters its rule answers for: the module's own (not its children's), or, for a type whose rule
+    covers its ``subtree``, every one under it."""
+    rule = RULES.get(type(module))
+    recurse = rule is not None and rule.subtree
+    return {n: p for n, p in module.named_parameters(recurse=recurse) if p.requires_grad}
 
 
 # ------------------------------------------------------------------------------------------------------- Linear

@@ -50,11 +50,20 @@ from clbench.privacy.reattention import ErrorPrior, ErrorTracking, with_noise
 from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.tape import Tape
+from clbench.registry import load_plugins
 
-PRIVATE_STRATEGIES = frozenset({"naive", "taft", "taft_shards", "nlft", "model_soup", "sisa", "seqrec"})
+PRIVATE_STRATEGIES: set[str] = {"naive", "taft", "taft_shards", "nlft", "model_soup", "sisa", "seqrec"}
 """Strategies whose training calls each use their own disjoint data (one experience, or one shard of it) and whose
-loss is a batch mean: the ``dp`` contract above holds. Add a strategy here only after checking both. (``seqrec``
-refuses ``dp`` itself when its scenario has more than one period: a user's items come back as history.)"""
+loss is a batch mean: the ``dp`` contract above holds. Add a strategy here (:func:`mark_private`, from its own
+module) only after checking both. (``seqrec`` refuses ``dp`` itself when its scenario has more than one period: a
+user's items come back as history; the PETL module adds its shared and ``_merge`` strategies, and the shared ones
+refuse ``dp`` with a rehearsal memory.)"""
+
+
+def mark_private(*names: str) -> None:
+    """Declare strategies that meet the ``dp`` contract (called by strategy modules when they register them)."""
+    PRIVATE_STRATEGIES.update(names)
+
 
 CLIPPING: dict[str, Callable[[Tensor, float, float], Tensor]] = {
     "flat": lambda norms, clip, gamma: (clip / (norms + 1e-6)).clamp(max=1.0),
@@ -95,7 +104,9 @@ class DPConfig:
 
 
 def check_private_strategy(strategy: str) -> None:
-    """Refuse ``dp`` for a strategy not in :data:`PRIVATE_STRATEGIES` (its ε would be wrong)."""
+    """Refuse ``dp`` for a strategy not in :data:`PRIVATE_STRATEGIES` (its ε would be wrong); the strategy modules
+    are loaded first, so that their own declarations count."""
+    load_plugins()
     if strategy not in PRIVATE_STRATEGIES:
         raise PrivacyBudgetError(f"dp: strategy {strategy!r} is not known to use each sample in one training call "
                                  f"only, so its epsilon cannot be accounted; private strategies: "
@@ -274,4 +285,4 @@ class PrivateTraining(Callback):
 
 
 __all__ = ["CLIPPING", "DPConfig", "PRIVATE_STRATEGIES", "PrivateTraining", "TrainingCall",
-           "check_private_strategy"]
+           "check_private_strategy", "mark_private"]

@@ -31,9 +31,10 @@ class Tape:
         self.calls: dict[nn.Module, list[Call]] = {}
         self.handles: list = []
         for root in roots:
+            covered: list[str] = []                    # prefixes of subtrees whose root's rule covers them
             for name, module in root.named_modules():
                 params = own(module)
-                if not params or module in self.names:
+                if not params or module in self.names or any(name.startswith(c) for c in covered):
                     continue
                 rule = RULES.get(type(module))
                 if rule is None:
@@ -43,6 +44,8 @@ class Tape:
                         f"clbench.privacy.register_rule.")
                 for pname, p in params.items():
                     self.owners.setdefault(id(p), []).append((module, name, pname))
+                if rule.subtree:
+                    covered.append(f"{name}." if name else "")
                 self.names[module] = name
                 self.handles += rule.install(module, self._recorder(module))
         self.ties = [tie(owners) for owners in self.owners.values() if len(owners) > 1]

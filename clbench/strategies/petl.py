@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from clbench.callbacks import bridge
 from clbench.cl import MEMORIES, Phase, PhasedTemplate, build_memory, dataset_features
 from clbench.petl import METHODS, MethodArgs, PETLSet, PETLViT, build_method, inject
+from clbench.privacy.step import PrivateTraining, mark_private
 from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
 from clbench.registry import MODELS, STRATEGIES
 from clbench.training import OPTIMIZERS
@@ -181,6 +182,7 @@ class PETLStrategy(StrategyBase):
 
     method: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    private: ClassVar[bool] = False        # meets the dp contract (clbench.privacy.step.PRIVATE_STRATEGIES)
     Config = PETLStrategyConfig
     PRESETS = PRESETS
 
@@ -217,6 +219,11 @@ class PETLStrategy(StrategyBase):
         with self.backbone.use(None):
             return self.backbone(x.to(self.device))
 
+    def modules(self) -> dict[str, nn.Module]:
+        """What callbacks hook: the model the template trains now (its module set and head; the frozen backbone
+        inside it has no trainable parameters)."""
+        return {"model": self.template.model}
+
     def extra_metrics(self) -> dict[str, float]:
         return {"trainable_pct": 100.0 * self.petl_config.trainable_count(self.backbone.shape) / self.backbone_params}
 
@@ -227,6 +234,7 @@ class PETLStrategy(StrategyBase):
 class SharedPETL(PETLStrategy):
     summary = "PETL, one module set shared by all experiences (optional replay):"
     Config = SharedConfig
+    private = True                         # each experience's data in its own call; dp refused with a memory
 
     def first_model(self) -> nn.Module:
         head = IncrementalClassifier(self.backbone.shape.dim, initial_out_features=self.info.classes_per_experience[0])
@@ -234,6 +242,10 @@ class SharedPETL(PETLStrategy):
         return self.model
 
     def train(self, experience: Any) -> None:
+        if self.config.mem_size and any(isinstance(cb, PrivateTraining) for cb in self.callbacks.callbacks):
+            raise ValueError(f"{type(self).__name__}: dp with a rehearsal memory (mem_size {self.config.mem_size}) "
+                             f"is refused: replayed samples are trained on in several experiences, so the "
+                             f"per-experience epsilon would understate theirs; set mem_size: 0.")
         self.template.fit(experience)
         if self.config.mem_size:
             self.memory.update(experience.dataset, lambda ds: dataset_features(
@@ -280,6 +292,7 @@ class _SetPerExperience(PETLStrategy):
 class PerTaskPETL(_SetPerExperience):
     summary = "PETL, a module set per experience, routed by task label or nearest prototype:"
     Config = PerTaskConfig
+    private = False                        # its routing prototypes are class means of the data, without noise
 
     def __init__(self, info: ClassificationInfo, device: torch.device | str, config: PETLStrategyConfig) -> None:
         super().__init__(info, device, config)
@@ -335,6 +348,7 @@ class PerTaskPETL(_SetPerExperience):
 
 class MergedPETL(_SetPerExperience):
     summary = "PETL, per-experience module sets merged by parameter averaging:"
+    private = True
 
     def __init__(self, info: ClassificationInfo, device: torch.device | str, config: PETLStrategyConfig) -> None:
         super().__init__(info, device, config)
@@ -372,6 +386,8 @@ def _register() -> None:
             cls = type(f"{title}{base.__name__}", (base,), {"method": method, "__module__": __name__,
                                                           "__doc__": f"{base.summary} {doc}"})
             STRATEGIES.register(method + suffix)(cls)
+            if base.private:
+                mark_private(method + suffix)
 
 
 _register()
