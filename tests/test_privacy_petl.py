@@ -22,12 +22,7 @@ CASES += [(name, MethodArgs(size=3, prefix_length=4, prefix_reparam=5)) for name
 IDS = [name + ("_reparam" if args.prefix_reparam else "") for name, args in CASES]
 
 
-@pytest.fixture(autouse=True)
-def _float64():
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(before)
+pytestmark = pytest.mark.usefixtures("float64")          # every test in float64 (tests/conftest.py)
 
 
 def petl_model(name: str, args: MethodArgs, fused: bool = False) -> PETLClassifier:
