@@ -154,8 +154,9 @@ def test_a_release_beside_the_steps_is_composed_into_the_calibration_or_refused_
     assert sigma > noise_multiplier(3.0, 1e-5, 0.01, 1000)
     alone = epsilon(releases, 1e-5)
     assert 1.0 < alone < 3.0
-    with _refused(f"dp: the statistics released before training (noise multipliers 3) alone spend "
-                  f"epsilon={alone:.3g} of the budget 1.0 at delta=1e-05; give them more noise or raise epsilon."):
+    with _refused(f"dp: the mechanisms already applied to this data (released statistics, earlier training calls "
+                  f"on the same samples; noise multipliers 3) alone spend epsilon={alone:.3g} of the budget 1.0 at "
+                  f"delta=1e-05; give them more noise or raise epsilon."):
         noise_multiplier(1.0, 1e-5, 0.01, 1000, releases)
 
 
@@ -512,6 +513,28 @@ def test_a_release_without_a_training_call_after_it_blocks_the_run_epsilon():
     with pytest.raises(RuntimeError, match=_exact("dp: 1 statistic(s) were released without a training call after "
                                                   "them, so the run's epsilon would leave them out.")):
         callback.extra_metrics()
+
+
+def test_calls_that_share_samples_are_calibrated_and_reported_as_one_composition():
+    """share_samples(3), ε = 2, three calls of q = 0.25 and 8 steps: call 1 is calibrated for all 24 steps, call 2
+    for its 16 with call 1 composed, call 3 for its 8 with both; the run's ε is the composition of the three (within
+    0.01 below the budget), not the largest call's; catches a call left out of the calibration or of ε, or later
+    calls not reserved for."""
+    callback = _callback(None, n_train=50, delta=None, noise_multiplier=None, epsilon=2.0)
+    callback.context.modules = lambda: {"m": nn.Linear(2, 2)}
+    callback.share_samples(3)
+    sigmas = []
+    for later in (2, 1, 0):
+        applied = tuple((s, 0.25, 8) for s in sigmas)
+        callback.batch_sampler(20, 5, 2)
+        assert callback.call.sigma == noise_multiplier(2.0, 0.02, 0.25, 8 * (1 + later), applied)
+        sigmas.append(callback.call.sigma)
+    spent = epsilon([(s, 0.25, 8) for s in sigmas], 0.02)
+    assert 1.99 <= spent <= 2.0 and callback.extra_metrics()["epsilon"] == spent
+    assert max(epsilon([(s, 0.25, 8)], 0.02) for s in sigmas) < 1.5
+    with pytest.raises(ValueError, match=_exact("dp: share_samples needs the number of training calls (>= 1), "
+                                                "got 0.")):
+        callback.share_samples(0)
 
 
 def test_close_without_a_folder_or_calls_writes_nothing(tmp_path):

@@ -21,6 +21,7 @@ from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multip
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.step import DPConfig, PrivateTraining
 from clbench.protocol import ClassificationInfo
+from clbench.registry import STRATEGIES
 from clbench.runner import execute
 from clbench.tangent import linearize
 from clbench.training import FitSettings, fit
@@ -218,25 +219,32 @@ def test_a_dp_callback_entry_is_checked_like_the_dp_key(entry, message):
         suite(entry)
 
 
-def test_private_seqrec_refuses_a_stream_of_several_periods():
-    """A user's items come back as history in later periods: per-period accounting would understate ε."""
-    from clbench.privacy.step import PrivateTraining
-    from clbench.protocol import ScenarioInfo
-    from clbench.registry import STRATEGIES
+def test_private_seqrec_composes_epsilon_over_the_periods_of_a_stream():
+    """A user's items come back as history in later periods: seqrec on 3 periods declares its calls as sharing
+    samples, so the run's ε is the composition of the 3 calls (within the budget, and above the largest single
+    call's ε, which the per-call rule would have reported)."""
+    from clbench.callbacks import CallbackSpec
+    from tests.test_seqrec import cycles
 
-    factory = STRATEGIES.get("seqrec")
-    info = ScenarioInfo(name="ml", n_experiences=3, input_shape=(8,), extra={"n_items": 20})
-    strategy = factory(info, torch.device("cpu"), factory.Config())
-    strategy.callbacks.callbacks.append(PrivateTraining(epsilon=3.0))
-    with pytest.raises(ValueError, match="dp on ml with 3 experiences is refused: a user's items return as history"):
-        strategy.train(None)
+    scenario = cycles(n_experiences=3, users=24, length=18)
+    config = STRATEGIES.get("seqrec").Config(dim=8, epochs=1, batch_size=8)
+    strategy = STRATEGIES.get("seqrec")(scenario.info, "cpu", config)
+    n = sum(len(e.dataset) for e in scenario.train_stream)
+    strategy.callbacks.attach([CallbackSpec("dp", {"epsilon": 4.0})], CallbackContext(run_id="stream", n_train=n,
+                                                                                  modules=strategy.modules))
+    for experience in scenario.train_stream:
+        strategy.train(experience)
+    (dp,) = strategy.callbacks.callbacks
+    calls = dp.calls()
+    assert dp.shared_calls == 3 and len(calls) == 3
+    spent = dp.extra_metrics()["epsilon"]
+    assert spent == epsilon([m for c in calls for m in c.history()], 1 / n)
+    assert 3.9 < spent <= 4.0 and spent > max(epsilon(c.history(), 1 / n) for c in calls)
 
 
 def test_private_shared_petl_refuses_a_rehearsal_memory():
     """Replayed samples train in several experiences: per-experience accounting would understate their ε; the
     exact line, before any training (without a memory the same strategy is private: the record test above)."""
-    from clbench.registry import STRATEGIES
-
     factory = STRATEGIES.get("lora")
     info = ClassificationInfo(name="b", n_classes=4, classes_per_experience=(2, 2), input_shape=(3, 8, 8))
     config = factory.Config(mem_size=10, model_args={"embed_dim": 16, "depth": 1, "num_heads": 2, "patch_size": 4})

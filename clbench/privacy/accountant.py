@@ -7,11 +7,13 @@ A private training call is the subsampled Gaussian mechanism applied ``steps`` t
 smallest ``σ`` (opacus's binary search, tolerance 0.01 in ε) whose ``(ε, δ)`` after those steps is within budget;
 :func:`epsilon` reports the ε of a history of such calls composed (RDP composition, converted at ``δ``).
 
-A statistic of the same data released once before training with the Gaussian mechanism (noise ``N(0, σ_f² Δ²)``
-on a statistic of L2 sensitivity ``Δ``; e.g. Re-Attention's token-frequency prior) is the entry ``(σ_f, 1, 1)``
-(sampling rate 1, one step) of the history; :func:`noise_multiplier` given such ``releases`` calibrates the
-training's ``σ`` for the composition: the same doubling-then-bisection search as opacus's, on opacus's ε of
-``[(σ, q, steps), *releases]``.
+Mechanisms already applied to the same data, ``applied = ((σ', q', steps'), ...)``, are composed with the call:
+a statistic released once before training with the Gaussian mechanism (noise ``N(0, σ_f² Δ²)`` on a statistic of
+L2 sensitivity ``Δ``; e.g. Re-Attention's token-frequency prior) is the entry ``(σ_f, 1, 1)`` (sampling rate 1, one
+step), and earlier training calls on the same samples are their own ``(σ, q, steps)``. :func:`noise_multiplier`
+given them calibrates the call's ``σ`` for the composition: the same doubling-then-bisection search as opacus's, on
+opacus's ε of ``[(σ, q, steps), *applied]``. (Calls still to come with the same schedule are ``steps`` times their
+number: RDP adds over steps.)
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ def _opacus():
 
 @lru_cache(maxsize=256)
 def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int,
-                     releases: tuple[tuple[float, float, int], ...] = ()) -> float:
+                     applied: tuple[tuple[float, float, int], ...] = ()) -> float:
     """``σ`` such that ``steps`` Poisson-subsampled Gaussian steps at rate ``sample_rate``, composed with the
-    ``releases`` ``((σ_f, q_f, steps_f), ...)`` of the same data, spend at most ``(epsilon, delta)`` under the RDP
-    accountant (cached: opacus's search takes seconds, and the experiences of a run usually share one schedule)."""
-    if releases:
-        return _composed_noise_multiplier(epsilon, delta, sample_rate, steps, releases)
+    mechanisms ``applied`` ``((σ', q', steps'), ...)`` to the same data, spend at most ``(epsilon, delta)`` under
+    the RDP accountant (cached: opacus's search takes seconds, and the experiences of a run usually share one
+    schedule)."""
+    if applied:
+        return _composed_noise_multiplier(epsilon, delta, sample_rate, steps, applied)
     get_noise_multiplier = _opacus().utils.get_noise_multiplier
     try:
         with warnings.catch_warnings():
@@ -60,23 +63,24 @@ def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: in
 
 
 def _composed_noise_multiplier(target: float, delta: float, sample_rate: float, steps: int,
-                               releases: tuple[tuple[float, float, int], ...], tolerance: float = 0.01) -> float:
-    """The smallest ``σ`` (to ``tolerance`` in ε, from below) with ``ε([(σ, q, steps), *releases]) ≤ target``;
-    refused when the releases alone spend the target."""
-    released = epsilon(releases, delta)
-    if released >= target:
-        raise PrivacyBudgetError(f"dp: the statistics released before training (noise multipliers "
-                                 f"{', '.join(f'{s:g}' for s, _, _ in releases)}) alone spend epsilon="
-                                 f"{released:.3g} of the budget {target} at delta={delta:.3g}; give them more noise "
-                                 f"or raise epsilon.")
+                               applied: tuple[tuple[float, float, int], ...], tolerance: float = 0.01) -> float:
+    """The smallest ``σ`` (to ``tolerance`` in ε, from below) with ``ε([(σ, q, steps), *applied]) ≤ target``;
+    refused when the mechanisms already applied spend the target."""
+    spent_before = epsilon(applied, delta)
+    if spent_before >= target:
+        raise PrivacyBudgetError(f"dp: the mechanisms already applied to this data (released statistics, earlier "
+                                 f"training calls on the same samples; noise multipliers "
+                                 f"{', '.join(f'{s:g}' for s, _, _ in applied)}) alone spend epsilon="
+                                 f"{spent_before:.3g} of the budget {target} at delta={delta:.3g}; give them more "
+                                 f"noise or raise epsilon.")
 
     def spent(sigma: float) -> float:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Optimal order is the (largest|smallest) alpha")
-            return epsilon([(sigma, sample_rate, steps), *releases], delta)
+            return epsilon([(sigma, sample_rate, steps), *applied], delta)
 
     low, high = 0.0, 10.0
-    while spent(high) > target:                  # ends: as σ grows, the composition's ε falls to the releases' own
+    while spent(high) > target:                  # ends: as σ grows, the composition's ε falls to spent_before
         low, high = high, 2 * high
     while target - spent(high) > tolerance:
         middle = (low + high) / 2

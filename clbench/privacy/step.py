@@ -19,7 +19,10 @@ CONTRACT with the loop: its loss is the MEAN over the batch's samples of per-sam
 terms), and each sample's data touches only its own training call (experience or shard): the privacy of a sample
 is then that of the one call that used it (parallel composition over disjoint data), and the run's ε is the largest
 ε over its training calls. Strategies known to train that way are :data:`PRIVATE_STRATEGIES`; the suite loader
-refuses ``dp`` on the others (replay and joint training reuse samples across calls).
+refuses ``dp`` on the others (replay and joint training reuse samples across calls). A strategy whose calls all use
+the same samples (a user's data in every time period) says so (:meth:`PrivateTraining.share_samples`): the run's ε
+is then the composition of all its calls (sequential composition, RDP), and each call's σ is calibrated so that the
+calls made, this one and those still to come (assumed to repeat its schedule) stay within ε.
 
 σ is calibrated per training call before its first step from the target ε, δ (default ``1/n``, ``n`` the stream's
 training samples), ``q = b/n_call`` and ``steps = epochs·⌈n_call/b⌉`` (:mod:`clbench.privacy.accountant`), unless
@@ -55,9 +58,9 @@ from clbench.registry import load_plugins
 PRIVATE_STRATEGIES: set[str] = {"naive", "taft", "taft_shards", "nlft", "model_soup", "sisa", "seqrec"}
 """Strategies whose training calls each use their own disjoint data (one experience, or one shard of it) and whose
 loss is a batch mean: the ``dp`` contract above holds. Add a strategy here (:func:`mark_private`, from its own
-module) only after checking both. (``seqrec`` refuses ``dp`` itself when its scenario has more than one period: a
-user's items come back as history; the PETL module adds its shared and ``_merge`` strategies, and the shared ones
-refuse ``dp`` with a rehearsal memory.)"""
+module) only after checking both. (``seqrec`` on a scenario of several periods, where a user's items come back as
+history, declares its calls as sharing samples (:meth:`PrivateTraining.share_samples`); the PETL module adds its
+shared and ``_merge`` strategies, and the shared ones refuse ``dp`` with a rehearsal memory.)"""
 
 
 def mark_private(*names: str) -> None:
@@ -150,6 +153,7 @@ class PrivateTraining(Callback):
         self.batch = 0
         self.noise: torch.Generator | None = None
         self.releases: list[tuple[float, float, int]] = []
+        self.shared_calls = 0                   # > 0: the run's calls all use the same samples (share_samples)
 
     # ------------------------------------------------------------------------------------------------ set-up
     def setup(self, context: CallbackContext) -> None:
@@ -171,8 +175,13 @@ class PrivateTraining(Callback):
         plan = PoissonPlan.for_batch_size(n, batch_size)
         steps = epochs * plan.steps_per_epoch
         releases, self.releases = tuple(self.releases), []
-        sigma = self.config.noise_multiplier if self.config.noise_multiplier is not None else \
-            noise_multiplier(self.config.epsilon, self.delta, plan.sample_rate, steps, releases)
+        if self.config.noise_multiplier is not None:
+            sigma = self.config.noise_multiplier
+        else:
+            earlier = [c.history() for c in self.calls()] if self.shared_calls else []
+            later = max(self.shared_calls - len(earlier) - 1, 0)
+            applied = (*releases, *(m for history in earlier for m in history))
+            sigma = noise_multiplier(self.config.epsilon, self.delta, plan.sample_rate, steps * (1 + later), applied)
         self.call = TrainingCall(n, batch_size, epochs, plan.sample_rate, steps, sigma, self.context.member,
                                  releases=list(releases))
         LEDGER.setdefault(self.context.run_id, {})[self.call.id] = self.call
@@ -184,6 +193,13 @@ class PrivateTraining(Callback):
                 self.noise = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=generator)))
             return plan(generator)
         return draws
+
+    def share_samples(self, calls: int) -> None:
+        """Declare that this run's ``calls`` training calls all use the same samples (e.g. every time period holds
+        a window of each user): ε is composed over the calls instead of taking the largest (see the module)."""
+        if calls < 1:
+            raise ValueError(f"dp: share_samples needs the number of training calls (>= 1), got {calls}.")
+        self.shared_calls = calls
 
     def release(self, values: Tensor, sensitivity: float, noise_multiplier: float) -> Tensor:
         """The Gaussian mechanism on a statistic of the NEXT training call's data: ``values + N(0, σ_f² Δ² I)``, with
@@ -270,7 +286,8 @@ class PrivateTraining(Callback):
 
     def extra_metrics(self) -> dict[str, float]:
         """``epsilon``: the largest ε of the run's training calls (each used disjoint data; a call's ε includes the
-        statistics released from its data), at the run's δ."""
+        statistics released from its data), or, when the calls share samples, the ε of all of them composed; at the
+        run's δ."""
         if self.context.member:
             return {}
         if self.releases:
@@ -280,7 +297,10 @@ class PrivateTraining(Callback):
         if not calls:
             raise RuntimeError("dp: no private training call was recorded for this run, so no epsilon can be "
                                "reported.")
-        spent = [epsilon(c.history(), self.delta) for c in calls]
+        if self.shared_calls:
+            spent = [epsilon([m for c in calls for m in c.history()], self.delta)]
+        else:
+            spent = [epsilon(c.history(), self.delta) for c in calls]
         return {"epsilon": max(spent), "noise_multiplier": max(c.sigma for c in calls), "delta": self.delta}
 
 

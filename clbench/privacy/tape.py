@@ -3,7 +3,8 @@ activations ``A`` and output gradients ``G`` (:class:`~clbench.privacy.rules.Cal
 per-sample squared norms and weighted gradient sums.
 
 Every module under the roots that owns trainable parameters must have a rule in
-:data:`~clbench.privacy.rules.RULES` (else :class:`~clbench.privacy.rules.UnsupportedLayerError`, naming it), a
+:data:`~clbench.privacy.rules.RULES` or lie under a module whose rule covers its subtree (``Rule.subtree``; else
+:class:`~clbench.privacy.rules.UnsupportedLayerError`, naming it), a
 parameter owned by two modules must be a tied input/output embedding (:mod:`clbench.privacy.tied`), and after the
 backward every parameter with a gradient must have been seen by its module's hooks
 (:meth:`Tape.check_explained`): a parameter is never skipped silently.

@@ -110,10 +110,8 @@ class SequentialRecommender(StrategyBase):
     def train(self, experience) -> None:
         info = self.info
         dp = next((cb for cb in self.callbacks.callbacks if isinstance(cb, PrivateTraining)), None)
-        if info.n_experiences > 1 and dp is not None:
-            raise ValueError(f"seqrec: dp on {info.name} with {info.n_experiences} experiences is refused: a user's "
-                             f"items return as history in later periods, so the per-period epsilon would understate "
-                             f"the user's; train privately with n_experiences: 1.")
+        if dp is not None and info.n_experiences > 1:
+            dp.share_samples(info.n_experiences)     # a user's items return as history: compose over the periods
         data, c = experience.dataset, self.config
         x, y = data.x.to(self.device), data.y.to(self.device)
         if c.attention == "reattention":
