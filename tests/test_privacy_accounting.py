@@ -31,8 +31,10 @@ from clbench.privacy.step import PRIVATE_STRATEGIES, DPConfig, PrivateTraining, 
 
 @pytest.fixture(autouse=True)
 def _ledger(monkeypatch):
-    """Each test starts with an empty ledger of training calls (a process-wide dict)."""
+    """Each test starts with an empty ledger of training calls (a process-wide dict) and an empty σ cache (a
+    cached σ from another test, or from mutmut's first pass, would hide a change to the search)."""
     monkeypatch.setattr(step, "LEDGER", {})
+    noise_multiplier.cache_clear()
 
 
 def _exact(message: str) -> str:
@@ -474,9 +476,9 @@ def test_a_released_statistic_is_gaussian_noise_on_it_and_composed_into_the_next
     out of σ, of the record, of the file or of ε."""
     callback = _callback(None, n_train=50, artifacts=tmp_path, delta=None, noise_multiplier=None, epsilon=2.0)
     callback.context.modules = lambda: {"m": nn.Linear(2, 2)}
-    values = torch.arange(6.0)
+    values = torch.arange(6.0, dtype=torch.float64)
     torch.manual_seed(4)
-    z = torch.randn(6)
+    z = torch.randn(6, dtype=torch.float64)
     torch.manual_seed(4)
     torch.testing.assert_close(callback.release(values, 2.0, 3.0), values + 6.0 * z)
     callback.batch_sampler(20, 5, 2)
@@ -535,6 +537,21 @@ def test_calls_that_share_samples_are_calibrated_and_reported_as_one_composition
     with pytest.raises(ValueError, match=_exact("dp: share_samples needs the number of training calls (>= 1), "
                                                 "got 0.")):
         callback.share_samples(0)
+    callback.share_samples(1)
+    assert callback.shared_calls == 1
+
+
+def test_calls_on_disjoint_data_are_each_calibrated_alone_and_epsilon_is_the_largest():
+    """Without share_samples, a second call is calibrated as if alone (the first is not composed in) and the run's
+    ε is the larger of the two; catches earlier calls composed into a disjoint-data run."""
+    callback = _callback(None, n_train=50, delta=None, noise_multiplier=None, epsilon=2.0)
+    callback.context.modules = lambda: {"m": nn.Linear(2, 2)}
+    callback.batch_sampler(20, 5, 2)
+    callback.batch_sampler(40, 5, 1)
+    first, second = sorted(callback.calls(), key=lambda c: c.n)
+    assert first.sigma == noise_multiplier(2.0, 0.02, 0.25, 8)
+    assert second.sigma == noise_multiplier(2.0, 0.02, 0.125, 8)
+    assert callback.extra_metrics()["epsilon"] == max(epsilon(c.history(), 0.02) for c in (first, second))
 
 
 def test_close_without_a_folder_or_calls_writes_nothing(tmp_path):

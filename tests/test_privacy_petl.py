@@ -84,3 +84,43 @@ def test_the_prefix_bank_covers_its_mlp_and_no_rule_sees_its_linears_alone():
     with Tape(model) as tape:
         hooked = set(tape.names.values())
     assert "petl.prefix" in hooked and not any(n.startswith("petl.prefix.") for n in hooked)
+
+
+@pytest.mark.parametrize("name, args, frozen", [
+    ("lora", MethodArgs(size=3, lora_ffn=True), ("blocks.0.qkv.B", "blocks.1.fc1.A")),
+    ("mh_par_adapter", MethodArgs(size=3), ("blocks.0.heads.b_down", "blocks.1.heads.w_up")),
+    ("prefix", MethodArgs(size=3, prefix_reparam=5), ("prefix.embedding", "prefix.mlp.2.bias")),
+    ("prefix", MethodArgs(size=3), ("prefix.prefix",)),
+], ids=["lora", "mh_par_adapter", "prefix_reparam", "prefix_free"])
+def test_frozen_parts_of_a_module_set_are_left_out(name, args, frozen):
+    """A frozen PETL parameter gets no noise and no clipping share: the norms equal vmap's over the trained ones."""
+    model = petl_model(name, args)
+    params = dict(model.petl.named_parameters())
+    for p in frozen:
+        params[p].requires_grad_(False)
+    x, y = data()
+    torch.testing.assert_close(per_sample_grad_norms(model, ce, x, y), vmap_norms(model, ce, x, y), rtol=RTOL, atol=0)
+
+
+@pytest.mark.parametrize("name, args", [CASES[IDS.index(i)] for i in ("lora", "mh_par_adapter", "prefix_reparam")],
+                         ids=["lora", "mh_par_adapter", "prefix_reparam"])
+def test_evaluation_without_gradients_records_nothing(name, args):
+    """Under no_grad (evaluation) no PETL call is recorded (a hook on a tensor without gradient would fail)."""
+    model = petl_model(name, args)
+    with Tape(model) as tape, torch.no_grad():
+        model(data()[0])
+        assert tape.calls == {}
+
+
+def test_a_prefix_bank_evaluated_twice_in_one_backward_is_refused():
+    """Two forwards before one backward evaluate the bank twice: refused with the exact line, not mixed up."""
+    from clbench.privacy import UnsupportedLayerError
+
+    model = petl_model("prefix", MethodArgs(size=3))
+    x, y = data()
+    with Tape(model) as tape:
+        (ce(model(x), y).sum() + ce(model(x), y).sum()).backward()
+        with pytest.raises(UnsupportedLayerError, match="^PrefixBank: evaluated 2 times in one forward; per-sample "
+                                                        "norms expect one evaluation per forward \\(the hooks' "
+                                                        "cache\\).$"):
+            tape.sq_norms(len(x))

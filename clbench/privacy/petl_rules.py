@@ -19,6 +19,8 @@ Shapes: tokens ``x: (B, T, d)``; ``G`` the gradient of the module's output; ``s`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -39,30 +41,46 @@ from clbench.privacy.rules import (
     weighted_sum,
 )
 
-# Each rule's operands: {parameter name: [(A, G), ...]} for parameters that act as a linear map A -> G on the tokens
-# (their per-sample gradient is Σ_parts G_iᵀA_i stacked), and {parameter name: per-sample gradient (B, ...)} for
-# the rest (biases, inputs-as-parameters), formed once per batch.
-Linear = dict[str, list[tuple[Tensor, Tensor]]]
+# Each rule's operands: ``linear`` = {parameter name: ([(A, G), ...], stack)} for parameters that act as linear maps
+# A -> G on the tokens (per-sample gradient Σ_parts G_iᵀA_i; ``stack`` lays the parts' weighted sums out in the
+# parameter's shape), and ``direct`` = {parameter name: per-sample gradient (B, ...)} for the rest (biases,
+# inputs-as-parameters); formed once per batch, for the trained parameters only.
+Linear = dict[str, tuple[list[tuple[Tensor, Tensor]], Callable[[list[Tensor]], Tensor]]]
 Direct = dict[str, Tensor]
 
 
-def _linear_direct_rule(capture, operands, layout) -> Rule:
-    """A rule from ``operands(module, calls) -> (linear, direct)``; ``layout(name, module, parts)`` stacks the
-    weighted sums of a linear parameter's parts into the parameter's shape."""
-    def sq_norms(module: nn.Module, ops: tuple[Linear, Direct]) -> Tensor:
-        linear, direct = ops
-        parts = [matmul_sq_norms(a, g) for pairs in linear.values() for a, g in pairs]
-        parts += [sq(v) for v in direct.values()]
-        return torch.stack(parts).sum(0)
+def _sq_norms(module: nn.Module, ops: tuple[Linear, Direct]) -> Tensor:
+    linear, direct = ops
+    parts = [matmul_sq_norms(a, g) for pairs, _ in linear.values() for a, g in pairs]
+    parts += [sq(v) for v in direct.values()]
+    return torch.stack(parts).sum(0)
 
-    def weighted(module: nn.Module, ops: tuple[Linear, Direct], w: Tensor) -> dict[str, Tensor]:
-        linear, direct = ops
-        params = own(module)
-        out = {n: layout(n, module, [matmul_weighted(a, g, w) for a, g in pairs]) for n, pairs in linear.items()}
-        out.update({n: weighted_sum(v, w).view_as(params[n]) for n, v in direct.items()})
-        return out
 
-    return Rule(capture, operands, sq_norms, weighted)
+def _weighted(module: nn.Module, ops: tuple[Linear, Direct], w: Tensor) -> dict[str, Tensor]:
+    linear, direct = ops
+    params = own(module)
+    out = {n: stack([matmul_weighted(a, g, w) for a, g in pairs]) for n, (pairs, stack) in linear.items()}
+    out.update({n: weighted_sum(v, w).view_as(params[n]) for n, v in direct.items()})
+    return out
+
+
+def _rows(parts: list[Tensor]) -> Tensor:
+    """Blocks stacked by rows (LoRA's targets; a single part as it is)."""
+    return torch.cat(parts, 0)
+
+
+def _per_head(parts: list[Tensor]) -> Tensor:
+    """``(p, d)`` weighted sums per head -> ``(N_h, d, p)``, the adapter's per-head ``W`` layout."""
+    return torch.stack([part.t() for part in parts])
+
+
+def _trained(module: nn.Module, linear: Linear, direct: Direct) -> tuple[Linear, Direct]:
+    params = own(module)
+    return {n: v for n, v in linear.items() if n in params}, {n: v for n, v in direct.items() if n in params}
+
+
+def _input_capture(module: nn.Module, args: tuple, output: Tensor) -> Call | None:
+    return Call((args[0].detach(),), output) if traced(output) else None
 
 
 def _tokens(calls: list[Call], index: int = 0) -> Tensor:
@@ -77,41 +95,31 @@ def _lora_capture(module: LoRA, args: tuple, output: Tensor) -> Call | None:
 def _lora_operands(module: LoRA, calls: list[Call]) -> tuple[Linear, Direct]:
     x, g = _tokens(calls), join([c.grad for c in calls])                       # (B, T, in), (B, T, out)
     x, g = x.reshape(len(x), -1, x.shape[-1]), g.reshape(len(g), -1, g.shape[-1])
-    params, a_parts, b_parts = own(module), [], []
+    a_parts, b_parts = [], []
     for (start, stop), a, b in zip(module.segments, module.A.split(module.r), module._b_blocks()):
         g_t = module.scale * g[..., start:stop]
         a_parts.append((x, g_t @ b.detach()))
         b_parts.append((F.linear(x, a.detach()), g_t))
-    linear = {"A": a_parts, "B": b_parts}
-    return {n: v for n, v in linear.items() if n in params}, {}
+    return _trained(module, {"A": (a_parts, _rows), "B": (b_parts, _rows)}, {})
 
 
-register_rule(LoRA)(_linear_direct_rule(_lora_capture, _lora_operands,
-                                        lambda name, module, parts: torch.cat(parts, 0)))
+register_rule(LoRA)(Rule(_lora_capture, _lora_operands, _sq_norms, _weighted))
 
 
 # -------------------------------------------------------------------------------------------- multi-head adapter
-def _input_capture(module: nn.Module, args: tuple, output: Tensor) -> Call | None:
-    return Call((args[0].detach(),), output) if traced(output) else None
-
-
 def _heads_operands(module: MultiHeadAdapter, calls: list[Call]) -> tuple[Linear, Direct]:
     x, g = _tokens(calls), join([c.grad for c in calls])                       # (B, T, d), (B, T, N_h, d_h)
     w_down, w_up = module.w_down.detach(), module.w_up.detach()
     u = torch.einsum("btd,hdr->bthr", x, w_down) + module.b_down.detach()
     g = module.scale * g
-    g_u = torch.einsum("bthk,hrk->bthr", g, w_up) * (u > 0).to(g.dtype)
+    g_u = torch.einsum("bthk,hrk->bthr", g, w_up) * (u > 0)
     heads = range(w_down.shape[0])
-    linear = {"w_up": [(F.relu(u[:, :, i]), g[:, :, i]) for i in heads],
-              "w_down": [(x, g_u[:, :, i]) for i in heads]}
-    direct = {"b_up": summed(g), "b_down": summed(g_u)}
-    params = own(module)
-    return ({n: v for n, v in linear.items() if n in params}, {n: v for n, v in direct.items() if n in params})
+    linear = {"w_up": ([(F.relu(u[:, :, i]), g[:, :, i]) for i in heads], _per_head),
+              "w_down": ([(x, g_u[:, :, i]) for i in heads], _per_head)}
+    return _trained(module, linear, {"b_up": summed(g), "b_down": summed(g_u)})
 
 
-register_rule(MultiHeadAdapter)(_linear_direct_rule(
-    _input_capture, _heads_operands,
-    lambda name, module, parts: torch.stack([p.t() for p in parts])))          # per head (k, r) -> (r, k)
+register_rule(MultiHeadAdapter)(Rule(_input_capture, _heads_operands, _sq_norms, _weighted))
 
 
 # ------------------------------------------------------------------------------------------------------- prefix
@@ -124,24 +132,21 @@ def _bank_operands(module: PrefixBank, calls: list[Call]) -> tuple[Linear, Direc
         raise UnsupportedLayerError(f"PrefixBank: evaluated {len(calls)} times in one forward; per-sample norms "
                                     f"expect one evaluation per forward (the hooks' cache).")
     p = calls[0].grad                                                          # (B, L, 2, l, d)
-    params = own(module)
-    if "prefix" in params or not hasattr(module, "mlp"):
-        return {}, {n: p for n in ("prefix",) if n in params}
+    if not hasattr(module, "mlp"):
+        return _trained(module, {}, {"prefix": p})
     batch = len(p)
     o = p.permute(0, 3, 1, 2, 4).reshape(batch, module.length, -1)          # (B, l, 2Ld): the MLP's output
     first, last = module.mlp[0], module.mlp[2]
     e = module.embedding.detach()
     a = torch.tanh(first(e)).detach()                                          # (l, k)
     g_a = (o @ last.weight.detach()) * (1 - a.square())                      # (B, l, k)
-    expand = lambda t: t.expand(batch, *t.shape)                              # noqa: E731 - the same for every sample
-    linear = {"mlp.2.weight": [(expand(a), o)], "mlp.0.weight": [(expand(e), g_a)]}
+    linear = {"mlp.2.weight": ([(a.expand(batch, *a.shape), o)], _rows),
+              "mlp.0.weight": ([(e.expand(batch, *e.shape), g_a)], _rows)}
     direct = {"mlp.2.bias": summed(o), "mlp.0.bias": summed(g_a), "embedding": g_a @ first.weight.detach()}
-    return ({n: v for n, v in linear.items() if n in params}, {n: v for n, v in direct.items() if n in params})
+    return _trained(module, linear, direct)
 
 
-_BANK = _linear_direct_rule(_bank_capture, _bank_operands, lambda name, module, parts: parts[0])
-_BANK.subtree = True
-register_rule(PrefixBank)(_BANK)
+register_rule(PrefixBank)(Rule(_bank_capture, _bank_operands, _sq_norms, _weighted, subtree=True))
 
 
 __all__: list[str] = []
