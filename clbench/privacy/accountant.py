@@ -62,6 +62,10 @@ def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: in
                                  f"or train fewer steps.") from None
 
 
+BISECTIONS = 100
+"""At most this many halvings of the bracket (far more than the tolerance needs); σ stays within budget throughout."""
+
+
 def _composed_noise_multiplier(target: float, delta: float, sample_rate: float, steps: int,
                                applied: tuple[tuple[float, float, int], ...], tolerance: float = 0.01) -> float:
     """The smallest ``σ`` (to ``tolerance`` in ε, from below) with ``ε([(σ, q, steps), *applied]) ≤ target``;
@@ -82,7 +86,9 @@ def _composed_noise_multiplier(target: float, delta: float, sample_rate: float, 
     low, high = 0.0, 10.0
     while spent(high) > target:                  # ends: as σ grows, the composition's ε falls to spent_before
         low, high = high, 2 * high
-    while target - spent(high) > tolerance:
+    for _ in range(BISECTIONS):                  # invariant: high is within budget, low is not (or 0)
+        if target - spent(high) <= tolerance:
+            break
         middle = (low + high) / 2
         low, high = (middle, high) if spent(middle) > target else (low, middle)
     return high
