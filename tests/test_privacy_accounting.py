@@ -174,6 +174,17 @@ def test_the_composed_search_brackets_sigma_above_its_first_guess():
         assert 0.49 <= epsilon([(sigma, 0.5, 100), *releases], 1e-5) <= 0.5
 
 
+def test_a_composed_budget_no_sigma_reaches_is_refused_instead_of_searching_forever(monkeypatch):
+    """If even σ = 10·2^64 left the composition above the budget (an accountant that never falls below it), the
+    search stops with the exact line instead of doubling forever; catches an unbounded or silent search."""
+    from clbench.privacy import accountant
+
+    monkeypatch.setattr(accountant, "epsilon", lambda history, delta: 0.5 if len(history) == 1 else 2.0)
+    with _refused(f"dp: no noise multiplier up to {10 * 2.0**64:g} reaches epsilon=1.0 at delta=1e-05 for 50 steps "
+                  f"at sampling rate 0.1 beside the mechanisms already applied (epsilon=0.5); raise epsilon."):
+        noise_multiplier(1.0, 1e-5, 0.1, 50, ((3.0, 1.0, 1),))
+
+
 def test_without_opacus_the_accountant_says_which_extra_to_install(monkeypatch):
     """opacus missing: the exact line naming the dp extra (not an ImportError from deep inside)."""
     monkeypatch.setitem(sys.modules, "opacus.accountants.utils", None)

@@ -62,8 +62,9 @@ def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: in
                                  f"or train fewer steps.") from None
 
 
-BISECTIONS = 100
-"""At most this many halvings of the bracket (far more than the tolerance needs); σ stays within budget throughout."""
+DOUBLINGS, BISECTIONS = 64, 100
+"""The composed search doubles σ from 10 at most ``DOUBLINGS`` times (then refuses the budget) and halves the bracket
+at most ``BISECTIONS`` times (far more than the tolerance needs; σ stays within budget throughout)."""
 
 
 def _composed_noise_multiplier(target: float, delta: float, sample_rate: float, steps: int,
@@ -84,8 +85,14 @@ def _composed_noise_multiplier(target: float, delta: float, sample_rate: float, 
             return epsilon([(sigma, sample_rate, steps), *applied], delta)
 
     low, high = 0.0, 10.0
-    while spent(high) > target:                  # ends: as σ grows, the composition's ε falls to spent_before
+    for _ in range(DOUBLINGS):                   # as σ grows, the composition's ε falls to spent_before < target
+        if spent(high) <= target:
+            break
         low, high = high, 2 * high
+    else:
+        raise PrivacyBudgetError(f"dp: no noise multiplier up to {high:g} reaches epsilon={target} at "
+                                 f"delta={delta:.3g} for {steps} steps at sampling rate {sample_rate:.4g} beside "
+                                 f"the mechanisms already applied (epsilon={spent_before:.3g}); raise epsilon.")
     for _ in range(BISECTIONS):                  # invariant: high is within budget, low is not (or 0)
         if target - spent(high) <= tolerance:
             break
