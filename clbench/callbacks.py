@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from avalanche.training.plugins import SupervisedPlugin
@@ -43,6 +43,8 @@ from clbench.errors import NonFiniteLossError
 from clbench.registry import Registry
 
 CALLBACKS: Registry = Registry("callback")
+
+C = TypeVar("C", bound="Callback")
 
 BatchPlan = Callable[[torch.Generator], Iterable[Tensor]]
 """``plan(generator)`` -> one epoch of minibatches, each a tensor of sample indices into the training call's data."""
@@ -130,6 +132,10 @@ class CallbackList(Callback):
 
     def specs(self) -> tuple[CallbackSpec, ...]:
         return tuple(self._specs)
+
+    def find(self, kind: type[C]) -> C | None:
+        """The first attached callback that is a ``kind`` (e.g. the ``dp`` callback a strategy talks to), or None."""
+        return next((c for c in self.callbacks if isinstance(c, kind)), None)
 
     def on_experience_start(self, experience: int) -> None:
         for c in self.callbacks:

@@ -94,6 +94,15 @@ def test_the_loss_guard_raises_before_any_callback_sees_a_non_finite_loss(record
     assert [hook for _, hook, _ in log] == ["after_forward", "after_forward"]
 
 
+def test_find_returns_the_first_callback_of_a_type_or_none(recorders):
+    """A strategy asks its list for the callback it talks to (the dp callback); first match in attachment order."""
+    callbacks, _, _, _ = recorders
+    first = callbacks.callbacks[0]
+    assert callbacks.find(Recorder) is first
+    assert callbacks.find(HookTrace) is None
+    assert CallbackList().find(Callback) is None
+
+
 def test_an_empty_list_only_guards():
     callbacks = CallbackList()
     assert callbacks.specs() == () and callbacks.extra_metrics() == {} and callbacks.context == CallbackContext()

@@ -242,7 +242,7 @@ class SharedPETL(PETLStrategy):
         return self.model
 
     def train(self, experience: Any) -> None:
-        if self.config.mem_size and any(isinstance(cb, PrivateTraining) for cb in self.callbacks.callbacks):
+        if self.config.mem_size and self.callbacks.find(PrivateTraining) is not None:
             raise ValueError(f"{type(self).__name__}: dp with a rehearsal memory (mem_size {self.config.mem_size}) "
                              f"is refused: replayed samples are trained on in several experiences, so the "
                              f"per-experience epsilon would understate theirs; set mem_size: 0.")

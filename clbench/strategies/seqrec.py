@@ -109,7 +109,7 @@ class SequentialRecommender(StrategyBase):
 
     def train(self, experience) -> None:
         info = self.info
-        dp = next((cb for cb in self.callbacks.callbacks if isinstance(cb, PrivateTraining)), None)
+        dp = self.callbacks.find(PrivateTraining)
         if dp is not None and info.n_experiences > 1:
             dp.share_samples(info.n_experiences)     # a user's items return as history: compose over the periods
         data, c = experience.dataset, self.config
