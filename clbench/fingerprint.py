@@ -66,8 +66,10 @@ def module_files(roots: Iterable[str]) -> dict[str, Path]:
 
 def _source_file(name: str) -> Path | None:
     if name == PACKAGE or name.startswith(PACKAGE + "."):
-        base = _PACKAGE_DIR.joinpath(*name.split(".")[1:])
-        return next((p for p in (base.parent / f"{base.name}.py", base / "__init__.py") if p.is_file()), None)
+        parent, _, leaf = name.rpartition(".")
+        candidates = [folder / f"{leaf}.py" for folder in (_package_folders(parent) if parent else [])] + \
+                     [folder / "__init__.py" for folder in _package_folders(name)]
+        return next((p for p in candidates if p.is_file()), None)
     module = sys.modules.get(name)                  # a strategy or scenario defined outside the package
     try:
         origin = getattr(module, "__file__", None) if module else getattr(importlib.util.find_spec(name), "origin",
@@ -75,6 +77,26 @@ def _source_file(name: str) -> Path | None:
     except (ImportError, ValueError):
         return None
     return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def _package_folders(package: str) -> list[Path]:
+    """The folders a ``clbench`` package's modules live in: below its parent package's folder, or wherever the
+    installation maps it (``clbench.strategies`` is the repository's top-level ``strategies/``)."""
+    if package == PACKAGE:
+        return [_PACKAGE_DIR]
+    parent, _, leaf = package.rpartition(".")
+    inside = [folder / leaf for folder in _package_folders(parent) if (folder / leaf / "__init__.py").is_file()]
+    return inside or _mapped_folders(package)
+
+
+@functools.cache
+def _mapped_folders(package: str) -> list[Path]:
+    """A package's folders from its import spec (found without importing the package itself)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return []
+    return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
 
 
 def _imports(name: str, path: Path) -> list[str]:

@@ -2,8 +2,8 @@
 
 Registries shared by the whole package::
 
-    STRATEGIES   continual-learning strategies   (clbench/strategies/*.py; checked by clbench.protocol.check_strategy)
-    SCENARIOS    benchmark scenarios             (clbench/scenarios/*.py)
+    STRATEGIES   continual-learning strategies   (strategies/*.py; checked by clbench.protocol.check_strategy)
+    SCENARIOS    benchmark scenarios             (scenarios/*.py)
     MODELS       backbones                       (clbench/models/*.py)
     COMMANDS     run_bench.py sub-commands        (clbench/cli.py and the modules in COMMAND_MODULES)
 

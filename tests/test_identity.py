@@ -176,6 +176,15 @@ def test_source_file_maps_package_modules_to_their_file_or_package_init(fake):
     assert fingerprint._source_file("clbench.sub.nope") is None
 
 
+def test_source_file_follows_the_package_dir_mapping():
+    """``clbench.strategies`` and ``clbench.scenarios`` live in the repository's top-level folders (setup.py maps
+    them): the fingerprint reads their modules there."""
+    repo = Path(fingerprint.__file__).parents[1]
+    assert fingerprint._source_file("clbench.strategies.baselines") == repo / "strategies" / "baselines.py"
+    assert fingerprint._source_file("clbench.scenarios") == repo / "scenarios" / "__init__.py"
+    assert "clbench.strategies.baselines" in fingerprint.module_files(["clbench.strategies.baselines"])
+
+
 def test_source_file_of_modules_outside_the_package(fake, tmp_path, monkeypatch):
     """Outside the package: an imported module by its ``__file__`` (even one no finder knows), a module not yet
     imported by its spec's origin, and None for a missing module, a built-in one and a compiled extension."""

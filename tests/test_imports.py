@@ -4,18 +4,22 @@ is a deliberate late binding and not followed)."""
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1] / "clbench"
+REPO = Path(__file__).parents[1]
+# folder -> the package name it installs as (setup.py's package-dir mapping)
+FOLDERS = {REPO / "clbench": "clbench", REPO / "strategies": "clbench.strategies",
+           REPO / "scenarios": "clbench.scenarios"}
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    folder = next(f for f in FOLDERS if f in path.parents)
+    parts = (FOLDERS[folder], *path.relative_to(folder).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph() -> dict[str, set[str]]:
     """``{module: clbench modules it imports at module level}``; ``from pkg import sub`` depends on ``pkg.sub``
     when that is a module, on ``pkg`` otherwise."""
-    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    modules = {_module_name(p): p for folder in FOLDERS for p in folder.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]

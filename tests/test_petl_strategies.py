@@ -1,4 +1,4 @@
-"""PETL strategies (clbench/strategies/petl.py): the pre-trained backbone is loaded and stays bitwise unchanged while
+"""PETL strategies (strategies/petl.py): the pre-trained backbone is loaded and stays bitwise unchanged while
 the PETL modules and heads train; per-task module sets are chosen by the task label or the nearest frozen-feature
 class prototype; merging averages the sets; replay uses the shared memory; callbacks fire; trainable % is the
 closed form over the backbone."""

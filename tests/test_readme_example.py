@@ -11,8 +11,8 @@ README = (Path(__file__).parents[1] / "README.md").read_text()
 
 
 def test_readme_strategy_example_registers_and_runs(tmp_path):
-    code = re.search(r"```python\n# clbench/strategies/my_method.py\n(.*?)```", README, re.S).group(1)
-    exec(compile(code, "clbench/strategies/my_method.py", "exec"), {"__name__": "my_method"})
+    code = re.search(r"```python\n# strategies/my_method.py\n(.*?)```", README, re.S).group(1)
+    exec(compile(code, "strategies/my_method.py", "exec"), {"__name__": "my_method"})
     suite = parse_suite({"suite": "readme", "scenarios": [{"name": "synthetic"}],
                          "strategies": [{"name": "my_method", "preset": "cpu", "args": {"hidden": 16},
                                          "callbacks": [{"name": "hook_trace"}]}]})
