@@ -227,6 +227,32 @@ def test_aggregations_sum_back_to_totals_and_to_the_output(tmp_path):
     np.testing.assert_allclose(mass[:5, 1], 0) and np.testing.assert_allclose(mass[5:, 0], 0)
 
 
+def test_attention_mass_per_class_and_task_equals_a_hand_computed_matrix(tmp_path):
+    """Σ_t α_t per (task, class), α_t = x_tᵀ q, for three patterns written by hand (batch 1, plain SGD, one layer):
+    task 0: x = (1, 0) label 0, x = (0, 2) label 1; task 1: x = (1, 1) label 0. Query q = (1, 3):
+    α = 1, 6, 4 -> attention[task 0] = (1, 6), attention[task 1] = (4, 0); task 1's share of the mass 4 / 11."""
+    layer = nn.Sequential(nn.Linear(2, 2)).double()
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    rec = PatternRecorder(layer, optimizer, ["0"], tmp_path, dtype="float64")
+    patterns = [(0, [1.0, 0.0], 0), (0, [0.0, 2.0], 1), (1, [1.0, 1.0], 0)]
+    with rec:
+        for task, x, y in patterns:
+            rec.on_experience_start(task)
+            x, y = torch.tensor([x], dtype=torch.float64), torch.tensor([y])
+            rec.on_batch_start(x, y)
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(layer(x), y).backward()
+            optimizer.step()
+    store = PatternStore(tmp_path / "patterns")
+    result = attribute(store, "0", np.array([[1.0, 3.0]]), np.array([0]))
+    expected = np.array([[[1.0, 6.0, 0.0], [4.0, 0.0, 0.0]]])          # (query, task, class + unknown)
+    np.testing.assert_allclose(result.attention, expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(result.by_class("attention"), [[5.0, 6.0, 0.0]], atol=1e-12)
+    np.testing.assert_allclose(result.by_experience("attention"), [[7.0, 4.0]], atol=1e-12)
+    np.testing.assert_allclose(result.attention_share(np.array([0])), [4 / 11], atol=1e-12)
+    np.testing.assert_allclose(result.attention_share(np.array([1])), [7 / 11], atol=1e-12)
+
+
 def test_storage_respects_its_budget_and_refuses_a_plan_that_does_not_fit(tmp_path):
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -292,7 +318,62 @@ def test_analyze_command_writes_consistent_csvs_and_plots(naive_run, tmp_path):
             mine = part[part.train_experience == e]
             total = (mine.mean_contribution * mine.n).sum() / part.groupby("true_label").n.first().sum()
             assert total == pytest.approx(rows[f"contribution_from_exp{e}"].item(), abs=1e-4)
+    # the attribution leads with attention mass: the per-label class picked has the largest mean Σα
+    for _, row in pd.read_csv(tmp_path / "misclassified_attention.csv").iterrows():
+        part = by_class[(by_class.query_experience == 0) & (by_class.true_label == row.true_label)
+                        & (by_class.outcome == "misclassified") & (by_class.train_experience >= 1)]
+        best = part.loc[part.mean_attention.idxmax()]
+        assert (best.train_experience, best.train_label) == (row.top_experience, row.top_class_label)
+        assert row.top_class_share_of_later_attention == pytest.approx(
+            best.mean_attention / part.mean_attention.sum(), abs=2e-3)
+    for (j, outcome), rows in interference[interference.outcome != "all"].groupby(["query_experience", "outcome"]):
+        part = by_class[(by_class.query_experience == j) & (by_class.outcome == outcome)]
+        for e in (0, 1):
+            mine = part[part.train_experience == e]
+            total = (mine.mean_attention * mine.n).sum() / part.groupby("true_label").n.first().sum()
+            assert total == pytest.approx(rows[f"attention_from_exp{e}"].item(), rel=1e-3, abs=1e-3)
     accuracy = pd.read_csv(tmp_path / "accuracy.csv")
     assert np.allclose(accuracy.iloc[:, 1:].to_numpy() / 100, np.array(record.accuracy_matrix), atol=1e-4)
     assert (len(pd.read_csv(tmp_path / "top_patterns.csv")) ==
             3 * min(2, int(interference.query("query_experience == 0 and outcome == 'misclassified'").n.sum())))
+
+
+class _TwiceOnTokens(nn.Module):
+    """One Linear used twice per step on token inputs (B, T, d): y = L(tanh(L(x))), pooled over tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.shared = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.out(self.shared(torch.tanh(self.shared(x))).mean(1))
+
+
+def test_token_inputs_through_a_layer_used_twice_per_step_reconstruct_exactly(tmp_path):
+    model = _TwiceOnTokens().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    rec = PatternRecorder(model, optimizer, ["shared", "out"], tmp_path, dtype="float64")
+    g = torch.Generator().manual_seed(0)
+    batch, tokens, steps = 3, 6, 4
+    with rec:
+        for _ in range(steps):
+            x = torch.randn(batch, tokens, 4, generator=g, dtype=torch.float64)
+            y = torch.randint(0, 3, (batch,), generator=g)
+            rec.on_batch_start(x, y)
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    w, b = rec.reconstruct("shared")
+    np.testing.assert_allclose(w, model.shared.weight.detach().numpy(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(b, model.shared.bias.detach().numpy(), rtol=0, atol=1e-10)
+    store = PatternStore(tmp_path / "patterns")
+    meta = np.concatenate([m for _, _, m, _ in store.chunks("shared")])
+    assert len(meta) == steps * 2 * batch * tokens          # two calls per step, one pattern per token
+    first = meta[(meta[:, 2] >= 0)]                         # the batch's own call: sample index and label
+    second = meta[(meta[:, 2] < 0)]                         # the reuse: unknown sample and label, per token
+    assert len(first) == len(second) == steps * batch * tokens
+    assert (second[:, 3] == -1).all() and (first[:, 3] >= 0).all()
+    np.testing.assert_array_equal(np.bincount(second[:, 4]), np.full(tokens, steps * batch))
+    np.testing.assert_array_equal(np.sort(np.unique(first[:, 2])), np.arange(steps * batch))

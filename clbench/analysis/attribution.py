@@ -6,6 +6,10 @@ For a query ``x`` (the recorded layer's input at test time) and output unit ``o`
     c_t = e^W_t[o] α_t + e^b_t[o]                  pattern t's contribution to y[o] (the bias term when present)
     y[o] = (W_0 x + b_0)[o] + Σ_t c_t              exact for a full recording (otherwise: kept patterns only)
 
+The paper's quantity (Irie et al.) is the attention mass ``Σ_t α_t`` over the patterns of a class or a training
+task: how much of the query's retrieval goes to them, whatever values they store. It is the attribution reports lead
+with; ``c_t`` (the value-weighted contribution, what the patterns add to the logit) is reported beside it.
+
 Aggregates are sums over the patterns of one training experience and label (``(n, E, C + 1)`` tables, label −1 —
 unknown — in the last column): per class and per experience they are marginals of the same table, so every
 aggregation sums back to the total. ``interference`` of a query from experience ``j`` is the share of the learned part
@@ -58,6 +62,14 @@ class Attribution:
         per_exp = self.by_experience()
         own = per_exp[np.arange(len(per_exp)), query_experience]
         return (self.total - own) / self.total
+
+    def attention_share(self, query_experience: np.ndarray) -> np.ndarray:
+        """``(n,)``: share of the attention mass Σ_t α_t on patterns of experiences other than each query's own
+        (in [0, 1] when every α_t ≥ 0, e.g. inputs after a ReLU)."""
+        per_exp = self.by_experience("attention")
+        own = per_exp[np.arange(len(per_exp)), query_experience]
+        total = per_exp.sum(axis=1)
+        return (total - own) / total
 
     def positive_interference(self, query_experience: np.ndarray) -> np.ndarray:
         """``(n,)``: share of Σ_t max(c_t, 0) from patterns of experiences other than each query's own, in [0, 1]."""

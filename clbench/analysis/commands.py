@@ -6,18 +6,22 @@ after the last experience; the input of each recorded layer is the query of that
 (default ``<out>/dual_form/<run_id>/``)::
 
     accuracy.csv                 test accuracy on every test experience after every training experience
-    interference.csv             per query experience and outcome: mean contribution of every training experience
-                                 to the predicted logit, the interference shares (signed and positive-part;
-                                 attribution.py)
-    attention_by_class.csv       per query experience, true label and outcome: mean contribution to the predicted
-                                 logit and mean attention mass, per training experience and label
+    interference.csv             per query experience and outcome: mean attention mass Σ_t α_t on every training
+                                 experience and the share on the other experiences (the paper's quantity), then the
+                                 mean contribution of every training experience to the predicted logit and the
+                                 contribution shares (signed and positive-part; attribution.py)
+    attention_by_class.csv       per query experience, true label and outcome: mean attention mass and mean
+                                 contribution to the predicted logit, per training experience and label
     misclassified_attention.csv  misclassified queries of the first experience, per true label: the predicted label,
-                                 the later experience's class contributing most to the predicted logit (mean over
-                                 the queries), and its share of the positive class-level contributions
+                                 the later experiences' class with the largest attention mass (mean over the
+                                 queries) and its share of the later experiences' mass; beside it the class
+                                 contributing most to the predicted logit and its share of the positive
+                                 class-level contributions
     top_patterns.csv             the most attended training patterns of example queries (``--examples``)
     attention_over_time.csv      cumulative attention mass of first-experience queries, per layer and training
                                  experience, by step (mean query)
-    per_class_attention.png      contribution per training class for the example queries
+    per_class_attention.png      attention mass (left) and contribution (right) per training class for the example
+                                 queries
     attention_over_time.png      the cumulative attention mass curves
     summary.json                 the headline numbers
 
@@ -149,14 +153,16 @@ def dual_form_report(args: argparse.Namespace) -> int:
     names = _names(spec, n_exp, n_lab)
     rows, class_rows = [], []
     for j, ((result, pred), q) in enumerate(zip(results, queries)):
-        share = result.interference(np.full(len(pred), j))
-        positive = result.positive_interference(np.full(len(pred), j))
-        per_exp = result.by_experience()
+        own = np.full(len(pred), j)
+        share, positive, mass_share = (result.interference(own), result.positive_interference(own),
+                                       result.attention_share(own))
+        per_exp, mass = result.by_experience(), result.by_experience("attention")
         for outcome, mask in (("correct", pred == q["labels"]), ("misclassified", pred != q["labels"]),
                               ("all", np.ones(len(pred), bool))):
             if not mask.any():
                 continue
-            rows.append([j, outcome, int(mask.sum()), *np.round(per_exp[mask].mean(0), 6),
+            rows.append([j, outcome, int(mask.sum()), *np.round(mass[mask].mean(0), 4),
+                         round(float(mass_share[mask].mean()), 4), *np.round(per_exp[mask].mean(0), 6),
                          round(float(np.median(share[mask])), 4), round(float(share[mask].mean()), 4),
                          round(float(positive[mask].mean()), 4), f])
         for label in range(n_lab):
@@ -167,18 +173,22 @@ def dual_form_report(args: argparse.Namespace) -> int:
                 for e in range(n_exp):
                     for c in range(n_lab):
                         class_rows.append([j, label, outcome, int(mask.sum()), e, c, names[e][c],
-                                           round(float(result.contribution[mask, e, c].mean()), 6),
-                                           round(float(result.attention[mask, e, c].mean()), 4), f])
-    _write_csv(out / "interference.csv", ["query_experience", "outcome", "n", *[f"contribution_from_exp{e}"
-                                                                                for e in range(n_exp)],
+                                           round(float(result.attention[mask, e, c].mean()), 4),
+                                           round(float(result.contribution[mask, e, c].mean()), 6), f])
+    _write_csv(out / "interference.csv", ["query_experience", "outcome", "n",
+                                          *[f"attention_from_exp{e}" for e in range(n_exp)],
+                                          "mean_attention_share_other_experiences",
+                                          *[f"contribution_from_exp{e}" for e in range(n_exp)],
                                           "median_interference_share", "mean_interference_share",
                                           "mean_positive_interference_share", "kept_fraction"],
                rows)
     _write_csv(out / "attention_by_class.csv", ["query_experience", "true_label", "outcome", "n", "train_experience",
-                                                "train_label", "train_class", "mean_contribution", "mean_attention",
+                                                "train_label", "train_class", "mean_attention", "mean_contribution",
                                                 "kept_fraction"], class_rows)
     summary["interference"] = [dict(zip(["query_experience", "outcome", "n"], r[:3])) | {
-        "median_share": r[-4], "mean_share": r[-3], "mean_positive_share": r[-2]} for r in rows]
+        "attention_by_experience": r[3:3 + n_exp], "attention_share_other_experiences": r[3 + n_exp],
+        "contribution_median_share": r[-4], "contribution_mean_share": r[-3],
+        "contribution_mean_positive_share": r[-2]} for r in rows]
 
     # misclassified queries of the first experience: which classes of later experiences pull them
     result, pred = results[0]
@@ -190,26 +200,31 @@ def dual_form_report(args: argparse.Namespace) -> int:
             mask = wrong & (labels == label)
             if not mask.any():
                 continue
-            cells = result.contribution[mask, :, :n_lab].mean(0)              # (E, C) mean over the queries
+            att = result.attention[mask, :, :n_lab].mean(0)                   # (E, C) mean over the queries
+            later_att = att[1:]
+            ea, ca = np.unravel_index(later_att.argmax(), later_att.shape)
+            cells = result.contribution[mask, :, :n_lab].mean(0)
             later = cells[1:]
             e, c = np.unravel_index(later.argmax(), later.shape)
-            att = result.attention[mask, 1:, :n_lab].mean(0)
-            ea, ca = np.unravel_index(att.argmax(), att.shape)
             predicted = np.bincount(pred[mask], minlength=n_lab)
             mis_rows.append([label, int(mask.sum()), int(predicted.argmax()),
                              names[1][int(predicted.argmax())] if n_exp > 1 else "",
-                             int(e) + 1, int(c), names[int(e) + 1][int(c)],
-                             round(float(later[e, c]), 4), round(float(later[e, c] / np.maximum(cells, 0).sum()), 4),
-                             names[int(ea) + 1][int(ca)], f])
+                             int(ea) + 1, int(ca), names[int(ea) + 1][int(ca)], round(float(later_att[ea, ca]), 4),
+                             round(float(later_att[ea, ca] / later_att.sum()), 4),
+                             round(float(later_att.sum() / att.sum()), 4),
+                             names[int(e) + 1][int(c)], round(float(later[e, c]), 4),
+                             round(float(later[e, c] / np.maximum(cells, 0).sum()), 4), f])
     _write_csv(out / "misclassified_attention.csv",
                ["true_label", "n_misclassified", "most_predicted_label", "most_predicted_as_exp1_class",
-                "top_experience", "top_class_label", "top_class", "top_class_mean_contribution",
-                "top_class_share_of_positive_class_contributions",
-                "top_class_by_attention_mass", "kept_fraction"], mis_rows)
-    summary["misclassified_first_experience"] = [dict(zip(["true_label", "n", "predicted", "predicted_as",
-                                                           "pulled_by_experience", "pulled_by_label",
-                                                           "pulled_by_class", "contribution", "share_of_positive"],
-                                                          r[:9])) for r in mis_rows]
+                "top_experience", "top_class_label", "top_class_by_attention_mass", "top_class_mean_attention",
+                "top_class_share_of_later_attention", "later_experiences_share_of_attention",
+                "top_class_by_contribution", "top_class_mean_contribution",
+                "top_class_share_of_positive_class_contributions", "kept_fraction"], mis_rows)
+    summary["misclassified_first_experience"] = [dict(zip(
+        ["true_label", "n", "predicted", "predicted_as", "pulled_by_experience", "pulled_by_label",
+         "pulled_by_class_attention_mass", "attention_mass", "share_of_later_attention",
+         "later_share_of_attention", "pulled_by_class_contribution", "contribution", "share_of_positive_contribution"],
+        r[:13])) for r in mis_rows]
 
     # examples: top patterns and per-class contributions
     examples = np.flatnonzero(wrong)[: args.examples]
@@ -218,20 +233,22 @@ def dual_form_report(args: argparse.Namespace) -> int:
     _write_csv(out / "top_patterns.csv", ["query", "rank", "alpha", "step", "experience", "sample", "label", "token"],
                top_rows)
     if len(examples):
-        fig, axes = plt.subplots(len(examples), 1, figsize=(10, 2.4 * len(examples)), squeeze=False)
-        for ax, q in zip(axes[:, 0], examples):
-            values = result.contribution[q, :, :n_lab].reshape(-1)
-            ticks = [f"{names[e][c]}" for e in range(n_exp) for c in range(n_lab)]
-            colors = [f"C{e}" for e in range(n_exp) for _ in range(n_lab)]
-            ax.bar(range(len(values)), values, color=colors)
-            ax.set_xticks(range(len(values)), ticks, rotation=60, fontsize=7)
-            ax.axhline(0, color="k", lw=0.5)
-            ax.set_ylabel("contribution")
-            ax.set_title(f"test experience 0, query {q}: true {names[0][labels[q]]}, predicted label {pred[q]} "
-                         f"(= {names[0][pred[q]]} / {names[1][pred[q]] if n_exp > 1 else ''}); colour = training "
-                         f"experience", fontsize=8)
-        fig.suptitle(f"Contribution of each training class's patterns to the predicted logit ({logit_layer}; "
-                     f"kept fraction {f:g})", fontsize=9)
+        fig, axes = plt.subplots(len(examples), 2, figsize=(16, 2.4 * len(examples)), squeeze=False)
+        ticks = [f"{names[e][c]}" for e in range(n_exp) for c in range(n_lab)]
+        colors = [f"C{e}" for e in range(n_exp) for _ in range(n_lab)]
+        for row, q in zip(axes, examples):
+            for ax, kind, ylabel in ((row[0], "attention", "attention mass Σ α"),
+                                     (row[1], "contribution", "contribution to the logit")):
+                values = getattr(result, kind)[q, :, :n_lab].reshape(-1)
+                ax.bar(range(len(values)), values, color=colors)
+                ax.set_xticks(range(len(values)), ticks, rotation=60, fontsize=7)
+                ax.axhline(0, color="k", lw=0.5)
+                ax.set_ylabel(ylabel, fontsize=8)
+            row[0].set_title(f"test experience 0, query {q}: true {names[0][labels[q]]}, predicted label {pred[q]} "
+                             f"(= {names[0][pred[q]]} / {names[1][pred[q]] if n_exp > 1 else ''}); colour = "
+                             f"training experience", fontsize=8)
+        fig.suptitle(f"Attention mass of each training class's patterns (left) and their contribution to the "
+                     f"predicted logit (right) ({logit_layer}; kept fraction {f:g})", fontsize=9)
         fig.tight_layout()
         fig.savefig(out / "per_class_attention.png", dpi=110)
         plt.close(fig)

@@ -415,8 +415,9 @@ class PatternRecorder(Callback):
             gs = (g if len(rows) == b else g.index_select(0, sel)).reshape(-1, g.shape[-1])
             meta = np.empty((len(rows) * tokens, len(pattern_store.META_COLUMNS)), np.int64)
             meta[:, 0], meta[:, 1] = self.step, self.experience
-            meta[:, 2] = np.repeat(self.writer.samples_seen + rows if own else -1, tokens)
-            meta[:, 3] = np.repeat(self.labels.numpy()[rows] if own and labelled else -1, tokens)
+            unknown = np.full(len(rows), -1)          # per kept row, each repeated over its tokens
+            meta[:, 2] = np.repeat(self.writer.samples_seen + rows if own else unknown, tokens)
+            meta[:, 3] = np.repeat(self.labels.numpy()[rows] if own and labelled else unknown, tokens)
             meta[:, 4] = np.tile(np.arange(tokens), len(rows))
             self.writer.append(name, xs, gs, meta)
 
