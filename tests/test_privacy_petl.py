@@ -1,5 +1,5 @@
 """The PETL modules under private training: per-sample gradient norms of every method's trainable parameters (and
-the head) from clbench.privacy's rules (clbench/privacy/petl_rules.py) against torch.func's vmap(grad) per-sample
+the head) from clbench.privacy's rules (clbench/petl/rules.py) against torch.func's vmap(grad) per-sample
 gradients, in float64 on a frozen injected ViT; the book-kept clipped sum against a naive per-sample clip-and-sum;
 a PETL strategy with ``dp`` through the runner to its record; the refusals that keep ε honest."""
 

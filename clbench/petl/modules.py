@@ -97,7 +97,7 @@ class LoRA(nn.Module):
 class PrefixBank(nn.Module):
     """Prefix vectors of every block: :meth:`forward` gives ``(B, L, 2, l, d)`` (``[:, :, 0]`` keys ``P_k``,
     ``[:, :, 1]`` values ``P_v``), the same for every sample: an expanded view over the batch, so that each sample's
-    use of the prefixes has its own gradient (what per-sample clipping reads, :mod:`clbench.privacy.petl_rules`).
+    use of the prefixes has its own gradient (what per-sample clipping reads, :mod:`clbench.petl.rules`).
     Free vectors start ~ N(0, 0.02²); with ``reparam = k > 0`` they are ``MLP(E) = tanh(E W_1 + b_1) W_2 + b_2``
     reshaped, ``E: (l, d)`` ~ N(0, 1) (``nn.Embedding``'s init), ``W_1: (d, k)``, ``W_2: (k, 2Ld)`` (Li & Liang's
     reparametrization as in He et al.'s code)."""

@@ -1,15 +1,18 @@
 """Differentially private training (Ding et al., ICML 2024; TAFT's private experiments).
 
 - :func:`per_sample_grad_norms` — per-sample gradient norms without per-sample gradients (ghost / phantom clipping),
-  from one forward and one backward; layer rules in :mod:`clbench.privacy.rules` (:func:`register_rule`) and, for
-  the PETL modules, :mod:`clbench.privacy.petl_rules`.
+  from one forward and one backward; layer rules in :mod:`clbench.privacy.rules` (:func:`register_rule`), for
+  ``nn.MultiheadAttention`` (and so torch's transformer layers) in :mod:`clbench.privacy.attention`, and for bare
+  parameters added or concatenated to activations (positional tables, class tokens) in :mod:`clbench.privacy.bare`.
+  The packages that own other layers register theirs (:mod:`clbench.tangent.rules`, :mod:`clbench.petl.rules`,
+  :mod:`clbench.models.vit`) when they are imported; this package imports none of them.
   A parameter tied between an ``nn.Embedding`` and an ``nn.Linear`` (shared input/output embeddings) is clipped as
   one parameter, cross term included (phantom clipping, :mod:`clbench.privacy.tied`).
 - :class:`PrivateTraining` — the ``dp`` callback: DP-SGD / DP-Adam step, Poisson batches, RDP accounting
   (:mod:`clbench.privacy.step`, :mod:`clbench.privacy.accountant`, :mod:`clbench.privacy.sampling`).
 """
 
-from clbench.privacy import petl_rules  # noqa: F401 - registers the PETL modules' rules
+from clbench.privacy import attention, bare  # noqa: F401 - register torch's attention and bare-parameter rules
 from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
 from clbench.privacy.rules import RULES, Call, Rule, UnsupportedLayerError, register_rule
 from clbench.privacy.step import DPConfig, PrivateTraining

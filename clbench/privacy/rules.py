@@ -34,9 +34,6 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from clbench.tangent.layers import TangentLayerNorm, TangentLayerScale, TangentLinear
-from clbench.tangent.model import TangentModel
-
 GRAM_CHUNK = 64          # samples per chunk when per-sample layer gradients are formed (the non-Gram branch)
 
 
@@ -49,11 +46,13 @@ class UnsupportedLayerError(TypeError):
 class Call:
     """One forward call of a hooked module: what the rule saved (``saved``, detached), the tensor whose gradient
     is needed (``out``; dropped once its gradient hook is set) and, after the backward, that gradient (``grad``,
-    same shape as ``out``)."""
+    same shape as ``out``). ``role`` names which use of the module's parameters the call records, for a rule that
+    records several per forward (attention's projections)."""
 
     saved: tuple[Tensor, ...]
     out: Tensor | None
     grad: Tensor | None = None
+    role: Any = None
 
 
 @dataclass
@@ -79,6 +78,11 @@ class Rule:
 
 
 RULES: dict[type, Rule] = {}
+
+SEQUENCE_FIRST: dict[type, Callable[[nn.Module], bool]] = {}
+"""Module types whose forward (own rule and every descendant's) works on tensors laid out ``(T, B, ...)``, sample
+dimension second (e.g. ``nn.TransformerEncoderLayer(batch_first=False)``): type -> ``predicate(module)``. The tape
+hands such calls to the rules sample-first (``(B, T, ...)`` views)."""
 
 
 def register_rule(*types: type) -> Callable[[Rule], Rule]:
@@ -205,9 +209,51 @@ def vector_rule(capture: Callable, grads: Callable[[nn.Module, list[Call]], dict
                 hook)
 
 
-LINEAR = register_rule(nn.Linear, TangentLinear)(affine_rule())
-"""``nn.Linear``: ``y = W a + b``. ``TangentLinear``: ``ẏ = ΔW x + Δb + W0 ẋ``, so ``ΔW, Δb`` act as a linear
-layer on the primal input ``x`` with ``G = ∂L/∂ẏ``."""
+# Operands of a rule whose parameters act in several parts: ``linear`` = {parameter name: ([(A, G), ...], stack)}
+# for parameters that act as linear maps A -> G on the tokens (per-sample gradient Σ_parts G_iᵀA_i over DISJOINT
+# blocks of the parameter; ``stack`` lays the parts' weighted sums out in the parameter's shape), and ``direct`` =
+# {parameter name: per-sample gradient (B, ...)} for the rest (biases, inputs-as-parameters); formed once per batch,
+# for the trained parameters only.
+LinearParts = dict[str, tuple[list[tuple[Tensor, Tensor]], Callable[[list[Tensor]], Tensor]]]
+DirectParts = dict[str, Tensor]
+
+
+def parts_sq_norms(module: nn.Module, ops: tuple[LinearParts, DirectParts]) -> Tensor:
+    """``Σ_params ‖∇θ_i‖²`` from :data:`LinearParts` (each part a disjoint block) and :data:`DirectParts`."""
+    linear, direct = ops
+    parts = [matmul_sq_norms(a, g) for pairs, _ in linear.values() for a, g in pairs]
+    parts += [sq(v) for v in direct.values()]
+    return torch.stack(parts).sum(0)
+
+
+def parts_weighted(module: nn.Module, ops: tuple[LinearParts, DirectParts], w: Tensor) -> dict[str, Tensor]:
+    """``{name: Σ_i w_i ∇θ_i}`` from the same operands."""
+    linear, direct = ops
+    params = own(module)
+    out = {n: stack([matmul_weighted(a, g, w) for a, g in pairs]) for n, (pairs, stack) in linear.items()}
+    out.update({n: weighted_sum(v, w).view_as(params[n]) for n, v in direct.items()})
+    return out
+
+
+def stack_rows(parts: list[Tensor]) -> Tensor:
+    """Blocks stacked by rows (a single part as it is)."""
+    return torch.cat(parts, 0)
+
+
+def trained_parts(module: nn.Module, linear: LinearParts, direct: DirectParts) -> tuple[LinearParts, DirectParts]:
+    """The operands of the module's trained parameters only."""
+    params = own(module)
+    return {n: v for n, v in linear.items() if n in params}, {n: v for n, v in direct.items() if n in params}
+
+
+def parts_rule(capture: Callable, operands: Callable[[nn.Module, list[Call]], tuple[LinearParts, DirectParts]],
+               hook: Callable | None = None, subtree: bool = False) -> Rule:
+    """A rule whose ``operands`` give :data:`LinearParts` and :data:`DirectParts`."""
+    return Rule(capture, operands, parts_sq_norms, parts_weighted, hook, subtree)
+
+
+LINEAR = register_rule(nn.Linear)(affine_rule())
+"""``nn.Linear``: ``y = W a + b`` (a tangent linear layer registers it too, :mod:`clbench.tangent.rules`)."""
 
 
 def _conv_operands(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
@@ -250,18 +296,15 @@ def scale_rule(features: Callable[[nn.Module, Tensor], Tensor], weight: str = "w
     return vector_rule(_affine_capture, grads)
 
 
-def _normalized(module: nn.Module, x: Tensor) -> Tensor:
+def normalized(module: nn.Module, x: Tensor) -> Tensor:
     """``x̂ = (x − μ)/σ`` over the normalized (last) dimensions, flattened to one feature axis."""
     shape = tuple(module.normalized_shape) if isinstance(module, nn.LayerNorm) else tuple(x.shape[-1:])
     return F.layer_norm(x, shape, None, None, module.eps).flatten(x.dim() - len(shape))
 
 
-register_rule(nn.LayerNorm, TimmLayerNorm, TangentLayerNorm)(scale_rule(_normalized))
-register_rule(LayerScale)(scale_rule(lambda module, x: x, weight="gamma"))
-register_rule(TangentLayerScale)(scale_rule(lambda module, x: x, weight="gamma"))
-"""LayerNorm ``y = γ ⊙ x̂ + β`` (torch's and timm's, which computes the same; ``TangentLayerNorm``: ``Δγ ⊙ x̂ + Δβ``
-on ``ẏ``); LayerScale ``y = γ ⊙ x``
-(``TangentLayerScale``: ``Δγ ⊙ x`` on ``ẏ``)."""
+LAYER_NORM = register_rule(nn.LayerNorm, TimmLayerNorm)(scale_rule(normalized))
+LAYER_SCALE = register_rule(LayerScale)(scale_rule(lambda module, x: x, weight="gamma"))
+"""LayerNorm ``y = γ ⊙ x̂ + β`` (torch's and timm's, which computes the same); LayerScale ``y = γ ⊙ x``."""
 
 
 # ---------------------------------------------------------------------------------------------------- Embedding
@@ -339,19 +382,7 @@ register_rule(VisionTransformer)(additive_rule(_vit_positions, lambda vit: vit.p
 position): ``∇cls_i = G_{i,0}``, ``∇pos_i = G_i``, with ``G`` the gradient of the tokens entering ``pos_drop``."""
 
 
-def _first_tangent_block(model: TangentModel) -> nn.Module:
-    blocks = list(model.frozen_blocks) + list(model.blocks.values())
-    if not blocks:
-        raise UnsupportedLayerError("TangentModel without blocks: nothing receives the tangent CLS token.")
-    return blocks[0]
-
-
-register_rule(TangentModel)(additive_rule(lambda model: {"cls_token": slice(0, 1)}, _first_tangent_block,
-                                          use_input=1))
-"""``TangentModel``'s tangent CLS token ``Δcls``: the stem's tangent ``ẋ`` holds ``Δcls`` at position 0, so
-``∇Δcls_i = G_{i,0}`` with ``G`` the gradient of ``ẋ`` entering the first block."""
-
-
-__all__ = ["RULES", "Call", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads",
-           "embedding_sq_norms", "embedding_weighted", "matmul_sq_norms", "matmul_weighted", "register_rule",
-           "scale_rule", "vector_rule"]
+__all__ = ["LAYER_NORM", "LAYER_SCALE", "LINEAR", "RULES", "SEQUENCE_FIRST", "Call", "DirectParts", "LinearParts",
+           "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads", "embedding_sq_norms",
+           "embedding_weighted", "matmul_sq_norms", "matmul_weighted", "normalized", "parts_rule", "parts_sq_norms",
+           "parts_weighted", "register_rule", "scale_rule", "stack_rows", "trained_parts", "vector_rule"]

@@ -2,9 +2,12 @@
 activations ``A`` and output gradients ``G`` (:class:`~clbench.privacy.rules.Call`), then ask the module's rule for
 per-sample squared norms and weighted gradient sums.
 
-Every module under the roots that owns trainable parameters must have a rule in
-:data:`~clbench.privacy.rules.RULES` or lie under a module whose rule covers its subtree (``Rule.subtree``; else
-:class:`~clbench.privacy.rules.UnsupportedLayerError`, naming it), a
+Every module under the roots that owns trainable parameters is hooked by its rule in
+:data:`~clbench.privacy.rules.RULES`, or lies under a module whose rule covers its subtree (``Rule.subtree``), or
+has bare parameters added to or concatenated with its activations (:mod:`clbench.privacy.bare`, the rule of a type
+without one: any other use of them is refused with :class:`~clbench.privacy.rules.UnsupportedLayerError`, naming
+it); a module under one whose tensors are laid out sample-second
+(:data:`~clbench.privacy.rules.SEQUENCE_FIRST`) has its calls handed to its rule sample-first; a
 parameter owned by two modules must be a tied input/output embedding (:mod:`clbench.privacy.tied`), and after the
 backward every parameter with a gradient must have been seen by its module's hooks
 (:meth:`Tape.check_explained`): a parameter is never skipped silently.
@@ -17,8 +20,25 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from clbench.privacy.rules import RULES, Call, UnsupportedLayerError, own
+from clbench.privacy.bare import BARE_PARAMETERS
+from clbench.privacy.rules import RULES, SEQUENCE_FIRST, Call, Rule, UnsupportedLayerError, own
 from clbench.privacy.tied import cross_sq_norms, tie
+
+
+def sequence_first(root: nn.Module) -> dict[nn.Module, bool]:
+    """Each module under ``root`` -> whether its tensors are laid out ``(T, B, ...)``: the predicate of its nearest
+    ancestor (or itself) in :data:`~clbench.privacy.rules.SEQUENCE_FIRST`, else False."""
+    out: dict[nn.Module, bool] = {}
+
+    def walk(module: nn.Module, inherited: bool) -> None:
+        layout = SEQUENCE_FIRST.get(type(module))
+        here = layout(module) if layout is not None else inherited
+        out.setdefault(module, here)
+        for child in module.children():
+            walk(child, here)
+
+    walk(root, False)
+    return out
 
 
 class Tape:
@@ -28,34 +48,41 @@ class Tape:
 
     def __init__(self, *roots: nn.Module) -> None:
         self.names: dict[nn.Module, str] = {}
+        self.rules: dict[nn.Module, Rule] = {}
         self.owners: dict[int, list[tuple[nn.Module, str, str]]] = {}   # id(param) -> [(module, name, param name)]
         self.calls: dict[nn.Module, list[Call]] = {}
         self.handles: list = []
         for root in roots:
             covered: list[str] = []                    # prefixes of subtrees whose root's rule covers them
+            layouts = sequence_first(root)
             for name, module in root.named_modules():
                 params = own(module)
                 if not params or module in self.names or any(name.startswith(c) for c in covered):
                     continue
-                rule = RULES.get(type(module))
-                if rule is None:
+                rule = RULES.get(type(module), BARE_PARAMETERS)
+                if rule is BARE_PARAMETERS and layouts[module]:
                     raise UnsupportedLayerError(
                         f"per-sample gradient norms: no rule for {type(module).__qualname__} at {name or '<root>'!r}, "
-                        f"which owns trainable parameters {sorted(params)}; freeze them or add a rule with "
-                        f"clbench.privacy.register_rule.")
+                        f"which owns trainable parameters {sorted(params)} and works on sample-second tensors; "
+                        f"freeze them or add a rule with clbench.privacy.register_rule.")
                 for pname, p in params.items():
                     self.owners.setdefault(id(p), []).append((module, name, pname))
                 if rule.subtree:
                     covered.append(f"{name}." if name else "")
                 self.names[module] = name
-                self.handles += rule.install(module, self._recorder(module))
+                self.rules[module] = rule
+                self.handles += rule.install(module, self._recorder(module, layouts[module]))
         self.ties = [tie(owners) for owners in self.owners.values() if len(owners) > 1]
         self.reset()
 
-    def _recorder(self, module: nn.Module):
+    def _recorder(self, module: nn.Module, sample_second: bool):
+        """Records ``module``'s calls; ``sample_second``: its tensors are ``(T, B, ...)`` and reach the rule as
+        ``(B, T, ...)`` views."""
         def record(call: Call) -> None:
             def keep(grad: Tensor) -> None:
-                call.grad = grad
+                call.grad = grad.transpose(0, 1) if sample_second else grad
+            if sample_second:
+                call.saved = tuple(s.transpose(0, 1) for s in call.saved)
             call.out.register_hook(keep)
             call.out = None                   # the gradient is what is needed; holding the output would keep it alive
             self.calls.setdefault(module, []).append(call)
@@ -110,14 +137,14 @@ class Tape:
     def _operands(self, batch: int) -> dict[nn.Module, object]:
         """Each called module's rule operands (``A``, ``G``, ...), formed once per batch."""
         if self._ops is None:
-            self._ops = {module: RULES[type(module)].operands(module, calls)
+            self._ops = {module: self.rules[module].operands(module, calls)
                          for module, calls in self._filled(batch).items()}
         return self._ops
 
     def sq_norms(self, batch: int) -> Tensor:
         """``Σ_θ ‖∇θ_i‖²: (B,)`` over every hooked parameter, for the loss whose backward ran."""
         ops = self._operands(batch)
-        parts = [RULES[type(module)].sq_norms(module, o) for module, o in ops.items()]
+        parts = [self.rules[module].sq_norms(module, o) for module, o in ops.items()]
         parts += [cross_sq_norms(ops[emb], ops[lin]) for emb, lin in self.ties if emb in ops and lin in ops]
         total = sum(parts[1:], parts[0]) if parts else None
         if total is None:
@@ -130,7 +157,7 @@ class Tape:
         out: dict[nn.Parameter, Tensor] = {}
         for module, ops in self._operands(len(w)).items():
             params = own(module)
-            for name, value in RULES[type(module)].weighted(module, ops, w).items():
+            for name, value in self.rules[module].weighted(module, ops, w).items():
                 p = params[name]
                 out[p] = out[p] + value if p in out else value
         return out

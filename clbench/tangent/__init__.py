@@ -5,9 +5,11 @@
 - :func:`linearize` turns a timm ViT into a :class:`TangentModel` (closed-form tangent layers in :mod:`.layers`);
 - :func:`compose` averages the ``Δ`` of tangent models sharing ``w0`` (output = average of outputs);
 - :mod:`.losses`: rescaled square loss + ridge, or cross-entropy; :mod:`.cache`: per-sample prefix cache;
-- :mod:`.shards`: shard partitions and the running composition that forgets a shard by subtraction.
+- :mod:`.shards`: shard partitions and the running composition that forgets a shard by subtraction;
+- :mod:`.rules`: per-sample gradient norm rules of the tangent layers (private training), registered on import.
 """
 
+from clbench.tangent import rules  # noqa: F401 - registers the tangent layers' per-sample norm rules (clbench.privacy)
 from clbench.tangent.cache import cache_prefix
 from clbench.tangent.compose import average_deltas, compose
 from clbench.tangent.losses import LOSSES, rescaled_square_loss, ridge, tangent_objective

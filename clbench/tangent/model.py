@@ -19,6 +19,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer, init_weights_vit_timm
 from torch import Tensor, nn
 
+from clbench.models.vit import ReAttentionViT
 from clbench.tangent.layers import TangentBlock, TangentIdentity, TangentLayerNorm, TangentLinear
 
 
@@ -31,8 +32,6 @@ def _tangent_norm(module: nn.Module) -> nn.Module:
 
 
 def _check_supported(vit: VisionTransformer) -> None:
-    from clbench.models.vit import ReAttentionViT  # here: clbench.privacy.rules imports this module
-
     problems = []
     if vit.global_pool not in ("token", "avg"):
         problems.append(f"global_pool={vit.global_pool!r} (token or avg supported)")

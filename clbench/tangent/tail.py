@@ -13,13 +13,13 @@ import copy
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
+from clbench.models.vit import ReAttentionViT
+
 
 class TailModel(nn.Module):
     """``forward(h: (B, N, D)) -> logits (B, K)``; parameters keep the ViT's names (``blocks.5.attn.qkv.weight``)."""
 
     def __init__(self, vit: VisionTransformer, last_blocks: int) -> None:
-        from clbench.models.vit import ReAttentionViT  # here: clbench.privacy.rules imports clbench.tangent
-
         super().__init__()
         if isinstance(vit, ReAttentionViT):
             raise ValueError("TailModel runs the ViT's blocks with vanilla attention and cannot run Re-Attention: "

@@ -1,6 +1,7 @@
 """Per-sample norm rules for the PETL modules (:mod:`clbench.petl.modules`), so that every PETL strategy's trainable
 parameters can be clipped privately; ghost norms from the modules' inputs and output gradients, as in
-:mod:`clbench.privacy.rules` (the adapters' ``nn.Linear`` layers are covered there already).
+:mod:`clbench.privacy.rules` (the adapters' ``nn.Linear`` layers are covered there already). Registered when
+:mod:`clbench.petl` is imported (its ``__init__`` imports this module).
 
 Shapes: tokens ``x: (B, T, d)``; ``G`` the gradient of the module's output; ``s`` the module's scale.
 
@@ -19,8 +20,6 @@ Shapes: tokens ``x: (B, T, d)``; ``G`` the gradient of the module's output; ``s`
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -28,55 +27,22 @@ from torch import Tensor, nn
 from clbench.petl.modules import LoRA, MultiHeadAdapter, PrefixBank
 from clbench.privacy.rules import (
     Call,
-    Rule,
+    DirectParts,
+    LinearParts,
     UnsupportedLayerError,
     join,
-    matmul_sq_norms,
-    matmul_weighted,
-    own,
+    parts_rule,
     register_rule,
-    sq,
+    stack_rows,
     summed,
     traced,
-    weighted_sum,
+    trained_parts,
 )
-
-# Each rule's operands: ``linear`` = {parameter name: ([(A, G), ...], stack)} for parameters that act as linear maps
-# A -> G on the tokens (per-sample gradient Σ_parts G_iᵀA_i; ``stack`` lays the parts' weighted sums out in the
-# parameter's shape), and ``direct`` = {parameter name: per-sample gradient (B, ...)} for the rest (biases,
-# inputs-as-parameters); formed once per batch, for the trained parameters only.
-Linear = dict[str, tuple[list[tuple[Tensor, Tensor]], Callable[[list[Tensor]], Tensor]]]
-Direct = dict[str, Tensor]
-
-
-def _sq_norms(module: nn.Module, ops: tuple[Linear, Direct]) -> Tensor:
-    linear, direct = ops
-    parts = [matmul_sq_norms(a, g) for pairs, _ in linear.values() for a, g in pairs]
-    parts += [sq(v) for v in direct.values()]
-    return torch.stack(parts).sum(0)
-
-
-def _weighted(module: nn.Module, ops: tuple[Linear, Direct], w: Tensor) -> dict[str, Tensor]:
-    linear, direct = ops
-    params = own(module)
-    out = {n: stack([matmul_weighted(a, g, w) for a, g in pairs]) for n, (pairs, stack) in linear.items()}
-    out.update({n: weighted_sum(v, w).view_as(params[n]) for n, v in direct.items()})
-    return out
-
-
-def _rows(parts: list[Tensor]) -> Tensor:
-    """Blocks stacked by rows (LoRA's targets; a single part as it is)."""
-    return torch.cat(parts, 0)
 
 
 def _per_head(parts: list[Tensor]) -> Tensor:
     """``(p, d)`` weighted sums per head -> ``(N_h, d, p)``, the adapter's per-head ``W`` layout."""
     return torch.stack([part.t() for part in parts])
-
-
-def _trained(module: nn.Module, linear: Linear, direct: Direct) -> tuple[Linear, Direct]:
-    params = own(module)
-    return {n: v for n, v in linear.items() if n in params}, {n: v for n, v in direct.items() if n in params}
 
 
 def _input_capture(module: nn.Module, args: tuple, output: Tensor) -> Call | None:
@@ -92,7 +58,7 @@ def _lora_capture(module: LoRA, args: tuple, output: Tensor) -> Call | None:
     return Call((args[1].detach(),), output) if traced(output) else None
 
 
-def _lora_operands(module: LoRA, calls: list[Call]) -> tuple[Linear, Direct]:
+def _lora_operands(module: LoRA, calls: list[Call]) -> tuple[LinearParts, DirectParts]:
     x, g = _tokens(calls), join([c.grad for c in calls])                       # (B, T, in), (B, T, out)
     x, g = x.reshape(len(x), -1, x.shape[-1]), g.reshape(len(g), -1, g.shape[-1])
     a_parts, b_parts = [], []
@@ -100,14 +66,14 @@ def _lora_operands(module: LoRA, calls: list[Call]) -> tuple[Linear, Direct]:
         g_t = module.scale * g[..., start:stop]
         a_parts.append((x, g_t @ b.detach()))
         b_parts.append((F.linear(x, a.detach()), g_t))
-    return _trained(module, {"A": (a_parts, _rows), "B": (b_parts, _rows)}, {})
+    return trained_parts(module, {"A": (a_parts, stack_rows), "B": (b_parts, stack_rows)}, {})
 
 
-register_rule(LoRA)(Rule(_lora_capture, _lora_operands, _sq_norms, _weighted))
+register_rule(LoRA)(parts_rule(_lora_capture, _lora_operands))
 
 
 # -------------------------------------------------------------------------------------------- multi-head adapter
-def _heads_operands(module: MultiHeadAdapter, calls: list[Call]) -> tuple[Linear, Direct]:
+def _heads_operands(module: MultiHeadAdapter, calls: list[Call]) -> tuple[LinearParts, DirectParts]:
     x, g = _tokens(calls), join([c.grad for c in calls])                       # (B, T, d), (B, T, N_h, d_h)
     w_down, w_up = module.w_down.detach(), module.w_up.detach()
     u = torch.einsum("btd,hdr->bthr", x, w_down) + module.b_down.detach()
@@ -116,10 +82,10 @@ def _heads_operands(module: MultiHeadAdapter, calls: list[Call]) -> tuple[Linear
     heads = range(w_down.shape[0])
     linear = {"w_up": ([(F.relu(u[:, :, i]), g[:, :, i]) for i in heads], _per_head),
               "w_down": ([(x, g_u[:, :, i]) for i in heads], _per_head)}
-    return _trained(module, linear, {"b_up": summed(g), "b_down": summed(g_u)})
+    return trained_parts(module, linear, {"b_up": summed(g), "b_down": summed(g_u)})
 
 
-register_rule(MultiHeadAdapter)(Rule(_input_capture, _heads_operands, _sq_norms, _weighted))
+register_rule(MultiHeadAdapter)(parts_rule(_input_capture, _heads_operands))
 
 
 # ------------------------------------------------------------------------------------------------------- prefix
@@ -127,26 +93,26 @@ def _bank_capture(module: PrefixBank, args: tuple, output: Tensor) -> Call | Non
     return Call((), output) if traced(output) else None
 
 
-def _bank_operands(module: PrefixBank, calls: list[Call]) -> tuple[Linear, Direct]:
+def _bank_operands(module: PrefixBank, calls: list[Call]) -> tuple[LinearParts, DirectParts]:
     if len(calls) != 1:
         raise UnsupportedLayerError(f"PrefixBank: evaluated {len(calls)} times in one forward; per-sample norms "
                                     f"expect one evaluation per forward (the hooks' cache).")
     p = calls[0].grad                                                          # (B, L, 2, l, d)
     if not hasattr(module, "mlp"):
-        return _trained(module, {}, {"prefix": p})
+        return trained_parts(module, {}, {"prefix": p})
     batch = len(p)
     o = p.permute(0, 3, 1, 2, 4).reshape(batch, module.length, -1)          # (B, l, 2Ld): the MLP's output
     first, last = module.mlp[0], module.mlp[2]
     e = module.embedding.detach()
     a = torch.tanh(first(e)).detach()                                          # (l, k)
     g_a = (o @ last.weight.detach()) * (1 - a.square())                      # (B, l, k)
-    linear = {"mlp.2.weight": ([(a.expand(batch, *a.shape), o)], _rows),
-              "mlp.0.weight": ([(e.expand(batch, *e.shape), g_a)], _rows)}
+    linear = {"mlp.2.weight": ([(a.expand(batch, *a.shape), o)], stack_rows),
+              "mlp.0.weight": ([(e.expand(batch, *e.shape), g_a)], stack_rows)}
     direct = {"mlp.2.bias": summed(o), "mlp.0.bias": summed(g_a), "embedding": g_a @ first.weight.detach()}
-    return _trained(module, linear, direct)
+    return trained_parts(module, linear, direct)
 
 
-register_rule(PrefixBank)(Rule(_bank_capture, _bank_operands, _sq_norms, _weighted, subtree=True))
+register_rule(PrefixBank)(parts_rule(_bank_capture, _bank_operands, subtree=True))
 
 
 __all__: list[str] = []
