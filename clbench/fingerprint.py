@@ -25,7 +25,8 @@ PACKAGE = "clbench"
 CORE = ("clbench.runner",)          # with what it imports: config, metrics, evaluation, data, environment...
 LOOKED_UP = ("clbench.models",)     # packages whose modules are reached through a registry: all of them count
 EXCLUDED = frozenset({"clbench.cli", "clbench.executors", "clbench.leaderboard", "clbench.report",
-                      "clbench.progress", "clbench.fingerprint", "clbench.tangent.commands"})
+                      "clbench.progress", "clbench.fingerprint", "clbench.commands.pretrain",
+                      "clbench.commands.forget"})
 _PACKAGE_DIR = Path(__file__).parent
 
 

@@ -26,28 +26,25 @@ Per task ``t`` (``|C_1:t-1|`` old classes, ``|C_t|`` new ones), with the network
      ``W_new ← γ W_new`` with ``γ = mean_{c old} ‖W_c‖ / mean_{c new} ‖W_c‖``.
    - ``none``.
 
-The loop is Avalanche's :class:`SupervisedTemplate` with :class:`clbench.cl.PhasedTemplate` (phases, memory-only
-dataset, frozen extractors, per-epoch lr); DER overrides the expansion, the optimizer, the forward pass and the
-criterion; the strategy's callbacks are bridged into it. Not reproduced: the official warm-up's classifier reset at the
-end of warm-up, and its extra ColorJitter (docs/der.md).
+The loop is Avalanche's :class:`SupervisedTemplate` set up by :class:`clbench.cl.PhasedTemplate` (phases,
+memory-only dataset, frozen extractors, per-epoch lr); DER overrides the expansion, the optimizer, the forward pass
+and the criterion; the strategy side (:class:`clbench.cl.PhasedStrategy`) bridges the strategy's callbacks into it.
+Not reproduced: the official warm-up's classifier reset at the end of warm-up, and its extra ColorJitter
+(docs/der.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-from avalanche.training.plugins import EvaluationPlugin
-from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from clbench.callbacks import bridge
-from clbench.cl import MEMORIES, Memory, Phase, PhasedTemplate, balanced_finetuning, build_memory, dataset_features
+from clbench.cl import MEMORIES, Memory, Phase, PhasedStrategy, PhasedTemplate, balanced_finetuning, build_memory
 from clbench.models.channel_masks import (
     add_gates,
     annealed_scale,
@@ -59,7 +56,7 @@ from clbench.models.channel_masks import (
 from clbench.models.checkpoint import load_weights
 from clbench.models.classifier import build_backbone
 from clbench.models.der import DERNet, DEROutput, der_linear
-from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
+from clbench.protocol import ClassificationInfo
 from clbench.registry import STRATEGIES
 from clbench.training import OPTIMIZERS
 
@@ -169,19 +166,19 @@ def retrain_phase(config: DERConfig) -> Phase:
 
 
 # ----------------------------------------------------------------------------------------------------- template
-class DERTemplate(PhasedTemplate, SupervisedTemplate):
-    """Avalanche's supervised loop with DER's hooks; phases run through :meth:`PhasedTemplate.run_phase`."""
+class DERTemplate(PhasedTemplate):
+    """Avalanche's supervised loop with DER's hooks; phases run through :meth:`PhasedTemplate.run_phase`.
+
+    The constructor draws the initialization of a throw-away ``nn.Linear(1, 1)`` from the global RNG: DER's template
+    built one as its placeholder optimizer's parameters before the setup was shared, and the draw keeps the RNG
+    stream (the first extractor is built after it, at the first task) and so every DER record the same."""
 
     def __init__(self, *, model: DERNet, info: ClassificationInfo, config: DERConfig, memory: Memory,
                  device: torch.device) -> None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="No loggers specified")
-            super().__init__(model=model, optimizer=torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.0),
-                             criterion=nn.Identity(), train_mb_size=config.batch_size, train_epochs=1,
-                             eval_mb_size=config.eval_batch_size, device=device,
-                             evaluator=EvaluationPlugin(loggers=[]), eval_every=-1)
-        self.info, self.config, self.memory = info, config, memory
-        self.phase = task_phase(config, 0)
+        nn.Linear(1, 1)                                   # the recorded RNG stream (class docstring)
+        super().__init__(model=model, memory=memory, phase=task_phase(config, 0), batch_size=config.batch_size,
+                         eval_batch_size=config.eval_batch_size, device=device)
+        self.info, self.config = info, config
         self.aux_head: nn.Linear | None = None
         self.n_old = 0
 
@@ -268,13 +265,9 @@ CORRECTIONS: dict[str, Callable[[DER, object], None]] = {
 
 # ----------------------------------------------------------------------------------------------------- strategy
 @STRATEGIES.register("der")
-class DER(StrategyBase):
-    """DER: one new frozen-after-use feature extractor per task, herding rehearsal (Yan et al., 2021).
+class DER(PhasedStrategy):
+    """DER: one new frozen-after-use feature extractor per task, herding rehearsal (Yan et al., 2021)."""
 
-    Class-incremental (task labels are ignored, ``predict`` scores all seen classes); its template fires the
-    strategy's callbacks."""
-
-    offline = False
     Config = DERConfig
     PRESETS = PRESETS
 
@@ -284,9 +277,9 @@ class DER(StrategyBase):
         if config.prune:                              # a backbone that cannot be pruned fails before any training
             self._first_extractor(info, config)
         self.memory = build_memory(config.memory, config.mem_size)
-        self.template = DERTemplate(model=self.model, info=info, config=config, memory=self.memory,
-                                    device=self.device)
-        bridge(self.template, self.callbacks)
+        self.feature_batch_size = config.eval_batch_size
+        self.use_template(DERTemplate(model=self.model, info=info, config=config, memory=self.memory,
+                                      device=self.device))
 
     @staticmethod
     def _first_extractor(info: ClassificationInfo, config: DERConfig) -> nn.Module:
@@ -305,19 +298,6 @@ class DER(StrategyBase):
         """Herding features ``Φ_t(x) = [F_1(x); ...; F_t(x)]``: ``(B, t·d)``."""
         self.model.eval()
         return torch.cat(self.model.features(x.to(self.device)), dim=1)
-
-    def dataset_features(self, dataset) -> Tensor:
-        """:meth:`features` of every sample of an Avalanche dataset (eval transforms): ``(n, t·d)`` on CPU."""
-        return dataset_features(dataset, self.features, self.config.eval_batch_size, self.device)
-
-    @torch.no_grad()
-    def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
-        self.model.eval()
-        return self.model(x.to(self.device)).logits
-
-    def num_parameters(self) -> ParamCount:
-        """The deployed network: the extractors and ``W_H`` (the auxiliary head is a training-time head)."""
-        return ParamCount.of(self.model)
 
     def pruned_parameters(self) -> int:
         """Parameters of the network with every masked channel removed: each pruned extractor, and ``W_H``'s

@@ -25,41 +25,38 @@ Per task ``t`` (``|C_1:t|`` classes seen, ``|C_t|`` new), with the network of :m
 smoothing 0.1 to the BCE targets: ``y = (1 - ε + ε/n) · onehot + ε/n · (1 - onehot)``, then mixed
 (:mod:`clbench.cl.mixing`).
 
-The loop is Avalanche's :class:`SupervisedTemplate` with :class:`clbench.cl.PhasedTemplate` (phases, memory-only
-dataset, frozen encoder, per-epoch lr); DyTox overrides the expansion, optimizer, forward and criterion. The
-runner sees the :class:`~clbench.protocol.Strategy` protocol.
+The loop is Avalanche's :class:`SupervisedTemplate` set up by :class:`clbench.cl.PhasedTemplate` (phases,
+memory-only dataset, frozen encoder, per-epoch lr); DyTox overrides the expansion, optimizer, forward and criterion.
+The strategy side is :class:`clbench.cl.PhasedStrategy`; the runner sees the :class:`~clbench.protocol.Strategy`
+protocol.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
-from avalanche.training.plugins import EvaluationPlugin
-from avalanche.training.templates import SupervisedTemplate
 from timm.optim import param_groups_weight_decay
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from clbench.callbacks import bridge
 from clbench.cl import (
     MEMORIES,
     Memory,
     Phase,
+    PhasedStrategy,
     PhasedTemplate,
     balanced_finetuning,
     build_memory,
-    dataset_features,
     mixup,
     soft_targets,
 )
 from clbench.models.dytox import ARCHS, DyToxArch, DyToxNet, DyToxOutput, TaskClassifier
-from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
+from clbench.protocol import ScenarioInfo
 from clbench.registry import STRATEGIES
 
 
@@ -220,18 +217,14 @@ def finetune_phase(config: DyToxConfig) -> Phase:
 
 
 # ----------------------------------------------------------------------------------------------------- template
-class DyToxTemplate(PhasedTemplate, SupervisedTemplate):
+class DyToxTemplate(PhasedTemplate):
     """Avalanche's supervised loop with DyTox's hooks; phases run through :meth:`PhasedTemplate.run_phase`."""
 
     def __init__(self, *, model: DyToxNet, info: ScenarioInfo, config: DyToxConfig, memory: Memory,
                  device: torch.device) -> None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="No loggers specified")
-            super().__init__(model=model, optimizer=torch.optim.AdamW(model.parameters()), criterion=nn.Identity(),
-                             train_mb_size=config.batch_size, train_epochs=1, eval_mb_size=config.batch_size,
-                             device=device, evaluator=EvaluationPlugin(loggers=[]), eval_every=-1)
-        self.info, self.config, self.memory = info, config, memory
-        self.phase = task_phase(config, 0)
+        super().__init__(model=model, memory=memory, phase=task_phase(config, 0), batch_size=config.batch_size,
+                         eval_batch_size=config.batch_size, device=device)
+        self.info, self.config = info, config
         self.teacher: DyToxNet | None = None
         self.div_head: TaskClassifier | None = None
         self.augmentations = [AUGMENTATIONS[name](info, config) for name in config.augment]
@@ -298,13 +291,9 @@ class DyToxTemplate(PhasedTemplate, SupervisedTemplate):
 
 # ----------------------------------------------------------------------------------------------------- strategy
 @STRATEGIES.register("dytox")
-class DyTox(StrategyBase):
-    """DyTox: a transformer with one task token and classifier per task, herding rehearsal (Douillard et al., 2022).
+class DyTox(PhasedStrategy):
+    """DyTox: a transformer with one task token and classifier per task, herding rehearsal (Douillard et al., 2022)."""
 
-    Class-incremental (task labels are ignored, ``predict`` scores all seen classes); its template fires the
-    strategy's callbacks."""
-
-    offline = False
     Config = DyToxConfig
     PRESETS = PRESETS
 
@@ -312,9 +301,9 @@ class DyTox(StrategyBase):
         super().__init__(info, device, config)
         self.model = DyToxNet(replace(ARCHS[config.arch], **config.arch_overrides), info.input_shape).to(self.device)
         self.memory = build_memory(config.memory, config.mem_size)
-        self.template = DyToxTemplate(model=self.model, info=info, config=config, memory=self.memory,
-                                      device=self.device)
-        bridge(self.template, self.callbacks)
+        self.feature_batch_size = 2 * config.batch_size
+        self.use_template(DyToxTemplate(model=self.model, info=info, config=config, memory=self.memory,
+                                        device=self.device))
 
     def train(self, experience) -> None:
         t = experience.current_experience
@@ -327,19 +316,6 @@ class DyTox(StrategyBase):
         """Herding features ``[e_1, ..., e_t]``: ``(B, t·D)``."""
         self.model.eval()
         return torch.cat(self.model(x.to(self.device)).embeddings, dim=1)
-
-    def dataset_features(self, dataset) -> Tensor:
-        """:meth:`features` of every sample of an Avalanche dataset (eval transforms): ``(n, t·D)`` on CPU."""
-        return dataset_features(dataset, self.features, 2 * self.config.batch_size, self.device)
-
-    @torch.no_grad()
-    def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
-        self.model.eval()
-        return self.model(x.to(self.device)).logits
-
-    def num_parameters(self) -> ParamCount:
-        """The network only (the divergence head is a training-time auxiliary)."""
-        return ParamCount.of(self.model)
 
     def extra_metrics(self) -> dict[str, float]:
         return {"task_tokens": float(self.model.n_tasks), "memory_used": float(len(self.memory))}

@@ -17,25 +17,23 @@ mh_par_adapter, lora, mam) three strategies are registered:
   alone, deployed as their parameter average ``θ̄ = (1/t) Σ_i θ_i`` with each experience's head on its own classes
   (model-soup-style merging; the non-linear counterpart of tangent model composition).
 
-Training runs through Avalanche's ``SupervisedTemplate`` (:class:`PETLTemplate`, with
-:class:`clbench.cl.PhasedTemplate` for ``D_t ∪ M``), cross-entropy, and only the PETL parameters and the classifier
-in the optimizer; the backbone's weights stay bitwise unchanged. Extra metrics: ``trainable_pct`` = 100 · (PETL
-parameters of one module set) / (backbone parameters, head excluded), and ``route_acc`` for ``_per_task``.
+Training runs through Avalanche's ``SupervisedTemplate`` (:class:`PETLTemplate`, set up by
+:class:`clbench.cl.PhasedTemplate`, which also trains on ``D_t ∪ M``), cross-entropy, and only the PETL parameters and
+the classifier in the optimizer; the backbone's weights stay bitwise unchanged. Extra metrics: ``trainable_pct`` =
+100 · (PETL parameters of one module set) / (backbone parameters, head excluded), and ``route_acc`` for ``_per_task``.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from avalanche.models import IncrementalClassifier
-from avalanche.training.plugins import EvaluationPlugin
-from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from clbench.callbacks import bridge
 from clbench.cl import MEMORIES, Phase, PhasedTemplate, build_memory, dataset_features
@@ -145,19 +143,14 @@ class PETLClassifier(nn.Module):
         return self.head(self.features(x))
 
 
-class PETLTemplate(PhasedTemplate, SupervisedTemplate):
-    """Avalanche's supervised loop on ``D_t ∪ M`` (:class:`PhasedTemplate`) whose optimizer holds only the
-    trainable parameters (the PETL set and the head); a fresh optimizer per experience."""
+class PETLTemplate(PhasedTemplate):
+    """Avalanche's supervised loop on ``D_t ∪ M`` (:class:`PhasedTemplate`) with cross-entropy, whose optimizer holds
+    only the trainable parameters (the PETL set and the head); a fresh optimizer per experience."""
 
     def __init__(self, *, model: PETLClassifier, config: PETLStrategyConfig, memory, device: torch.device) -> None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="No loggers specified")
-            super().__init__(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
-                             criterion=nn.CrossEntropyLoss(), train_mb_size=config.batch_size, train_epochs=1,
-                             eval_mb_size=config.eval_batch_size, device=device,
-                             evaluator=EvaluationPlugin(loggers=[]), eval_every=-1)
-        self.config, self.memory = config, memory
-        self.phase = Phase(epochs=config.epochs, lr=config.lr)
+        super().__init__(model=model, memory=memory, phase=Phase(epochs=config.epochs, lr=config.lr),
+                         batch_size=config.batch_size, eval_batch_size=config.eval_batch_size, device=device)
+        self.config = config
 
     def feature_extractor(self) -> nn.Module:
         return self.model.backbone
@@ -167,12 +160,11 @@ class PETLTemplate(PhasedTemplate, SupervisedTemplate):
         self.optimizer = OPTIMIZERS.get(self.config.optimizer)(params, lr=self.config.lr,
                                                                weight_decay=self.config.weight_decay)
 
+    def criterion(self) -> Tensor:
+        return F.cross_entropy(self.mb_output, self.mb_y)
+
     def fit(self, experience) -> None:
-        with warnings.catch_warnings(record=True) as caught:      # Avalanche's own deprecation noise
-            self.run_phase(self.phase, experience)
-        for w in caught:
-            if not issubclass(w.category, DeprecationWarning):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        self.run_phase(self.phase, experience)
 
 
 # --------------------------------------------------------------------------------------------------- strategies

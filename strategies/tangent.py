@@ -63,7 +63,7 @@ class FineTuneConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     epochs: int = 5
-    lr_milestones: tuple[int, ...] = ()  # lr ×lr_decay for every epoch after each milestone (0-based epochs)
+    lr_milestones: tuple[int, ...] = ()  # lr ×lr_decay from each milestone epoch on (0-based; training.step_decay)
     lr_decay: float = 0.1
     batch_size: int = 32
     eval_batch_size: int = 512
@@ -111,8 +111,9 @@ class SisaConfig(NonlinearConfig):
 
 CPU = {"model_args": {"embed_dim": 64, "depth": 3, "num_heads": 4, "patch_size": 4}, "epochs": 5, "batch_size": 32,
        "lr": 1e-3}
+# the released TAFT setting; its lr drops after epoch 25 (0-based `x < epoch`): milestone 26 of training.step_decay
 FULL = {"model_args": {"embed_dim": 384, "depth": 6, "num_heads": 12, "patch_size": 4}, "epochs": 30,
-        "lr_milestones": (25,), "batch_size": 32, "lr": 1e-3, "ridge": 1e-5}
+        "lr_milestones": (26,), "batch_size": 32, "lr": 1e-3, "ridge": 1e-5}
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,11 @@ inclusion probabilities, MixUp, the balanced fine-tuning phase on an Avalanche t
 
 from __future__ import annotations
 
-import warnings
 from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from avalanche.training.plugins import EvaluationPlugin
-from avalanche.training.templates import SupervisedTemplate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -40,6 +37,7 @@ from clbench.cl.per_class import PerClassMemory
 from clbench.config import ConfigError, build_config
 from clbench.registry import SCENARIOS, UnknownNameError
 from clbench.streams import experience_dataset
+from clbench.training import FitSettings
 
 
 @pytest.fixture(autouse=True)
@@ -257,17 +255,12 @@ def test_label_smoothing_and_soft_targets():
 
 
 # ------------------------------------------------------------------------------------------ fine-tuning phase
-class TinyTemplate(PhasedTemplate, SupervisedTemplate):
+class TinyTemplate(PhasedTemplate):
     """A plain classifier ``classifier(extractor(x))`` trained through phases."""
 
     def __init__(self, model: nn.Sequential, memory) -> None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="No loggers specified")
-            super().__init__(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                             criterion=nn.CrossEntropyLoss(), train_mb_size=16, train_epochs=1, eval_mb_size=16,
-                             device="cpu", evaluator=EvaluationPlugin(loggers=[]), eval_every=-1)
-        self.memory = memory
-        self.phase = Phase(epochs=1, lr=0.1)
+        super().__init__(model=model, memory=memory, phase=Phase(epochs=1, lr=0.1), batch_size=16, eval_batch_size=16,
+                         device=torch.device("cpu"))
         self.seen_lrs: list[float] = []
         self.trained_on: list[int] = []
 
@@ -276,6 +269,9 @@ class TinyTemplate(PhasedTemplate, SupervisedTemplate):
 
     def make_optimizer(self, **kwargs) -> None:
         self.optimizer = torch.optim.SGD([p for p in self.model.parameters() if p.requires_grad], lr=self.phase.lr)
+
+    def criterion(self) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.mb_output, self.mb_y)
 
     def _before_training_epoch(self, **kwargs) -> None:
         super()._before_training_epoch(**kwargs)
@@ -371,3 +367,21 @@ def test_dytox_takes_its_memory_by_name(synthetic):
     for exp in synthetic.train_stream:
         strategy.train(exp)
     assert strategy.memory.counts() == {0: 3, 1: 3, 2: 2, 3: 2}
+
+
+def test_one_step_schedule_matches_torch_multisteplr_in_both_loops():
+    """Phase (templates) and FitSettings (training.fit) share step_decay: the lr drops AT each milestone epoch, as
+    torch's MultiStepLR stepped once per epoch does (the reference here)."""
+    milestones, epochs = (0, 2, 3, 5), 7
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.4)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(milestones), gamma=0.5)
+    reference = []
+    for _ in range(epochs):
+        reference.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    phase = Phase(epochs=epochs, lr=0.4, milestones=milestones, lr_decay=0.5)
+    settings = FitSettings(epochs=epochs, batch_size=1, lr=0.4, lr_milestones=milestones, lr_decay=0.5)
+    assert [phase.lr_at(e) for e in range(epochs)] == pytest.approx(reference, rel=1e-12)
+    assert [settings.lr_at(e) for e in range(epochs)] == pytest.approx(reference, rel=1e-12)
+    assert reference[2] == pytest.approx(0.1)                          # milestone 2: epoch 2 already decayed

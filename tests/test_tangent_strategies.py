@@ -137,17 +137,19 @@ def test_non_linear_members_have_no_tangent_cls_token():
 
 
 def test_step_schedule_follows_the_official_formula():
-    """lr_e = lr · decay^{|{m : m < e}|} (0-based epochs): milestone 25 decays epochs 26-29 of 30."""
-    settings = FitSettings(epochs=30, batch_size=32, lr=1e-3, lr_milestones=(25,), lr_decay=0.1)
+    """lr_e = lr · decay^{|{m : m ≤ e}|} (0-based epochs, torch's MultiStepLR): the full preset's milestone 26 decays
+    epochs 26-29 of 30, as the released code's "after epoch 25" does."""
+    settings = FitSettings(epochs=30, batch_size=32, lr=1e-3, lr_milestones=build_config("taft", "full").lr_milestones,
+                           lr_decay=0.1)
     assert [settings.lr_at(e) for e in (0, 25, 26, 29)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-4])
     assert FitSettings(epochs=3, batch_size=8, lr=0.5).lr_at(2) == 0.5
 
 
 def test_fit_applies_the_schedule_per_epoch():
     """Adam moves a parameter by exactly lr per step under a constant gradient: 2 steps at lr 1.0 (epoch 0), then 2
-    at 0.1 (epoch 1, after milestone 0) give w = 2.2."""
+    at 0.1 (epoch 1, from milestone 1 on) give w = 2.2."""
     w = torch.nn.Parameter(torch.zeros(()))
-    settings = FitSettings(epochs=2, batch_size=2, lr=1.0, optimizer="adam", lr_milestones=(0,), lr_decay=0.1)
+    settings = FitSettings(epochs=2, batch_size=2, lr=1.0, optimizer="adam", lr_milestones=(1,), lr_decay=0.1)
     steps = fit(torch.nn.ParameterList([w]), lambda x: x.sum(1) * w, [w], torch.ones(4, 1), torch.zeros(4),
                 lambda out, y: -out.mean(), settings, seed=0)
     assert steps == 4 and float(w) == pytest.approx(2.2, rel=1e-6)
@@ -155,6 +157,20 @@ def test_fit_applies_the_schedule_per_epoch():
 
 def test_full_preset_carries_the_released_taft_setting():
     config = build_config("taft", "full")
-    assert (config.epochs, config.batch_size, config.lr, config.lr_milestones, config.ridge) == (30, 32, 1e-3, (25,),
+    assert (config.epochs, config.batch_size, config.lr, config.lr_milestones, config.ridge) == (30, 32, 1e-3, (26,),
                                                                                                   1e-5)
     assert build_config("taft", "cpu", {"lr_milestones": [3]}).lr_milestones == (3,)
+
+
+def test_nlft_authors_optimizer_preset_and_the_tangent_suite_loss_rows():
+    """nlft's cpu_sgd preset is the authors' optimizer (SGD lr 1e-2, weight decay 1e-4) and trains with it; the
+    tangent suite runs taft with its rescaled square loss AND with cross-entropy (the loss finding)."""
+    from clbench.config import load_suite
+    from clbench.training import OPTIMIZERS
+    config = build_config("nlft", "cpu_sgd", {})
+    assert (config.optimizer, config.lr, config.weight_decay, config.loss) == ("sgd", 1e-2, 1e-4, "ce")
+    optimizer = OPTIMIZERS.get(config.optimizer)([torch.nn.Parameter(torch.zeros(1))], lr=config.lr,
+                                                 weight_decay=config.weight_decay)
+    assert type(optimizer) is torch.optim.SGD and optimizer.param_groups[0]["weight_decay"] == 1e-4
+    rows = {(e.label or e.name): build_config(e.name, e.preset, e.args) for e in load_suite("tangent").strategies}
+    assert rows["taft"].loss == "mse" and rows["taft_ce"].loss == "ce" and rows["nlft_sgd"].optimizer == "sgd"

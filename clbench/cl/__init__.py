@@ -2,23 +2,26 @@
 
 - memories (:mod:`.memory` interface and registry; :mod:`.reservoir`, :mod:`.balanced`, :mod:`.herding`): one
   global budget ``K``, checked after every update; ``build_memory("herding", K)``.
-- training phases (:mod:`.finetune`): :class:`Phase`, the balanced fine-tuning phase and the
-  :class:`PhasedTemplate` mixin that runs phases through Avalanche's ``SupervisedTemplate``.
+- training phases (:mod:`.finetune`): :class:`Phase` and the balanced fine-tuning phase;
+- the template setup (:mod:`.template`): :class:`PhasedTemplate`, Avalanche's ``SupervisedTemplate`` set up once
+  for every strategy that trains in phases (DyTox, DER, PETL), and :class:`PhasedStrategy`, the strategy side of
+  DyTox and DER.
 - batch mixing (:mod:`.mixing`): soft targets, label smoothing, MixUp.
 - data loops (:mod:`.data`): experience -> DataLoader, tensors, features.
 """
 
 from clbench.cl.balanced import ClassBalancedMemory, balanced_quotas
 from clbench.cl.data import dataset_features, dataset_loader, experience_loader, experience_tensors
-from clbench.cl.finetune import Phase, PhasedTemplate, balanced_finetuning, freeze
+from clbench.cl.finetune import Phase, balanced_finetuning, freeze
 from clbench.cl.herding import HerdingMemory, herding_order
 from clbench.cl.memory import MEMORIES, BudgetExceeded, DatasetFeatures, Memory, build_memory, class_indices
 from clbench.cl.mixing import label_smoothing, mix_lambda, mix_reversed, mixup, soft_targets
 from clbench.cl.reservoir import Reservoir, ReservoirMemory
+from clbench.cl.template import PhasedStrategy, PhasedTemplate
 
 __all__ = [
     "MEMORIES", "BudgetExceeded", "ClassBalancedMemory", "DatasetFeatures", "HerdingMemory", "Memory", "Phase",
-    "PhasedTemplate", "Reservoir", "ReservoirMemory", "balanced_finetuning", "balanced_quotas", "build_memory",
-    "class_indices", "dataset_features", "dataset_loader", "experience_loader", "experience_tensors", "freeze",
-    "herding_order", "label_smoothing", "mix_lambda", "mix_reversed", "mixup", "soft_targets",
+    "PhasedStrategy", "PhasedTemplate", "Reservoir", "ReservoirMemory", "balanced_finetuning", "balanced_quotas",
+    "build_memory", "class_indices", "dataset_features", "dataset_loader", "experience_loader", "experience_tensors",
+    "freeze", "herding_order", "label_smoothing", "mix_lambda", "mix_reversed", "mixup", "soft_targets",
 ]

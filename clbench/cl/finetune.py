@@ -6,9 +6,7 @@ balanced fine-tuning phase (:func:`balanced_finetuning`): only the class-balance
 extractor frozen, a small constant learning rate, for a few epochs, so that the classifier's bias towards the new
 classes (which dominate ``D_t ∪ M``) is corrected.
 
-:class:`PhasedTemplate` runs phases through Avalanche's ``SupervisedTemplate`` (mix it in before the template:
-``class MyTemplate(PhasedTemplate, SupervisedTemplate)``); the strategy supplies ``self.memory``, ``self.phase``
-(the phase to start with) and :meth:`PhasedTemplate.feature_extractor`.
+:class:`clbench.cl.template.PhasedTemplate` runs phases through Avalanche's ``SupervisedTemplate``.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from clbench.cl.memory import Memory
+from clbench.training import step_decay
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,8 @@ class Phase:
 
     The per-epoch learning rate (:meth:`lr_at`) is timm's: a linear warm-up from ``warmup_lr`` over
     ``warmup_epochs``, then constant ``lr`` or, with ``cosine``, ``min_lr + ½(lr - min_lr)(1 + cos(π e / E))``;
-    ``milestones`` multiply the lr by ``lr_decay`` at each milestone epoch reached (step schedule, DER's).
+    ``milestones`` multiply the lr by ``lr_decay`` at each milestone epoch reached (DER's step schedule:
+    :func:`clbench.training.step_decay`, as torch's ``MultiStepLR``).
     ``freeze_extractor`` and ``memory_only`` are applied by :class:`PhasedTemplate`; ``task_losses`` (the task
     phase's losses beyond classification: DyTox's distillation and divergence head, DER's auxiliary head) and
     ``freeze_old_tasks`` (the parameters of earlier tasks) are flags for the strategy's own hooks.
@@ -52,7 +51,7 @@ class Phase:
         if epoch < self.warmup_epochs:
             return self.warmup_lr + epoch * (self.lr - self.warmup_lr) / self.warmup_epochs
         if not self.cosine:
-            return self.lr * self.lr_decay ** sum(m <= epoch for m in self.milestones)
+            return step_decay(self.lr, epoch, self.milestones, self.lr_decay)
         return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * epoch / self.epochs))
 
 
@@ -75,56 +74,3 @@ def freeze(module: nn.Module) -> Callable[[], None]:
             m.training = mode
 
     return restore
-
-
-class PhasedTemplate:
-    """Mixin for ``SupervisedTemplate`` that trains one :class:`Phase` per :meth:`run_phase` call.
-
-    - dataset adaptation: ``D_t ∪ M`` (``M = self.memory.dataset()``), or ``M`` alone for a ``memory_only`` phase,
-      with train transforms;
-    - model adaptation: Avalanche's, then the :meth:`feature_extractor` frozen for a ``freeze_extractor`` phase
-      (:func:`freeze`). It stays frozen after the phase (parameter counts taken after the step see the state
-      the phase trained in) and is restored when the next phase starts;
-    - every epoch: the learning rate of every optimizer group set to ``phase.lr_at(epoch)``.
-    """
-
-    phase: Phase
-    memory: Memory
-    _restore_extractor: Callable[[], None] | None = None
-
-    def feature_extractor(self) -> nn.Module:
-        """The module that balanced fine-tuning freezes (DyTox: the encoder; DER: all feature extractors)."""
-        raise NotImplementedError(f"{type(self).__name__} must define feature_extractor()")
-
-    def run_phase(self, phase: Phase, experience) -> bool:
-        """Train ``phase`` on ``experience``; returns whether it ran. A phase of 0 epochs, and a ``memory_only``
-        phase on the first experience or with an empty memory, do not run."""
-        skip = phase.memory_only and (experience.current_experience == 0 or len(self.memory) == 0)
-        if phase.epochs <= 0 or skip:
-            return False
-        if self._restore_extractor is not None:
-            self._restore_extractor()
-            self._restore_extractor = None
-        self.phase, self.train_epochs = phase, phase.epochs
-        self.train(experience, eval_streams=[])
-        return True
-
-    def train_dataset_adaptation(self, **kwargs) -> None:
-        memory = self.memory.dataset()
-        if self.phase.memory_only:
-            data = memory
-        else:
-            data = self.experience.dataset if memory is None else self.experience.dataset.concat(memory)
-        self.adapted_dataset = data.train()
-
-    def model_adaptation(self, model=None):
-        model = super().model_adaptation(model)
-        if self.is_training and self.phase.freeze_extractor:
-            self._restore_extractor = freeze(self.feature_extractor())
-        return model
-
-    def _before_training_epoch(self, **kwargs) -> None:
-        super()._before_training_epoch(**kwargs)
-        lr = self.phase.lr_at(self.clock.train_exp_epochs)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr

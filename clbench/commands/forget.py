@@ -1,104 +1,35 @@
-"""``run_bench.py pretrain`` (the linearization point) and ``run_bench.py forget`` (exact data removal).
+"""``run_bench.py forget``: exact data removal from a finished ``taft_shards`` / ``model_soup`` / ``sisa`` run
+(:meth:`clbench.strategies.tangent.ShardedFineTuning.forget` on the state the runner saved).
 
 ::
-
-    # a ViT trained on CIFAR-100 classes 50-99 (experience 1 of a fixed-order 2-step split), for --init
-    python run_bench.py pretrain --scenario split_cifar100 \\
-        --scenario-args '{"n_experiences": 2, "class_order": "fixed"}' --experiences 1 \\
-        --model-args '{"embed_dim": 128, "depth": 4, "num_heads": 4}' --epochs 4 --out checkpoints/vit128_c100_upper.pt
 
     # remove samples from a finished taft_shards / model_soup / sisa run (its state was saved by the runner)
     python run_bench.py forget --run results/unlearning/runs/<run_id>.json --ids ids.txt --mode subtract
     python run_bench.py forget --run ... --touch 1 5 half --mode subtract retrain   # ids drawn from k shards
     python run_bench.py forget --run ... --touch half --mode retrain --shard-workers 2   # retrain shards in parallel
 
-``forget`` writes one removal record per request to ``<suite out>/removals/<run_id>__<mode>__<tag>.json`` (shards
-touched, the ids asked, ``removed_ids``: exactly the samples dropped — whole shards with ``subtract`` —, weight
-hashes before/after, seconds, accuracy before/after) and appends a row to ``<suite out>/removals.md``. Ids that are
-not training samples of the run, an empty ids file or a shard count out of range are refused before any work.
+One removal record per request is written to ``<suite out>/removals/<run_id>__<mode>__<tag>.json`` (shards touched,
+the ids asked, ``removed_ids``: exactly the samples dropped — whole shards with ``subtract`` —, weight hashes
+before/after, seconds, accuracy before/after) and a row is appended to ``<suite out>/removals.md``. Ids that are not
+training samples of the run, an empty ids file or a shard count out of range are refused before any work.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from pathlib import Path
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader
 
 from clbench import records as record_files
 from clbench import tasks
 from clbench.cli import Command
 from clbench.config import ConfigError, RunSpec, check_path_name
 from clbench.environment import resolve_device
-from clbench.models.checkpoint import save_weights
-from clbench.registry import COMMANDS, MODELS, SCENARIOS
-from clbench.training import FitSettings
+from clbench.registry import COMMANDS
 
 
-# ------------------------------------------------------------------------------------------------------- pretrain
-def _add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", required=True, help="a SCENARIOS name providing the source data")
-    p.add_argument("--scenario-args", default="{}", help="JSON keyword arguments of the scenario")
-    p.add_argument("--experiences", nargs="+", type=int, required=True,
-                   help="training experiences used as the source (choose ones disjoint from your target)")
-    p.add_argument("--model-args", default="{}", help="JSON keyword arguments of the 'vit' model")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="checkpoint path (.pt or .safetensors)")
-
-
-def _accuracy(model: nn.Module, datasets: list, classes: torch.Tensor) -> float:
-    correct = total = 0
-    model.eval()
-    with torch.no_grad():
-        for dataset in datasets:
-            for x, y, *_ in DataLoader(dataset.eval(), batch_size=512):
-                pred = classes[model(x)[:, classes].argmax(1)]
-                correct += int((pred == y).sum())
-                total += len(y)
-    return correct / total
-
-
-def pretrain(args: argparse.Namespace) -> int:
-    """Train a ``vit`` with cross-entropy (AdamW, scenario's train augmentation) on the chosen experiences."""
-    torch.manual_seed(args.seed)
-    scenario = SCENARIOS.get(args.scenario)(seed=args.seed, **json.loads(args.scenario_args))
-    model = MODELS.get("vit")(scenario.info, **json.loads(args.model_args))
-    train = torch.utils.data.ConcatDataset([scenario.train_stream[t].dataset.train() for t in args.experiences])
-    classes = torch.tensor([c for t in args.experiences for c in scenario.info.class_range(t)])
-    settings = FitSettings(args.epochs, args.batch_size, args.lr, "adamw", args.weight_decay)
-    optimizer = settings.make_optimizer(model.parameters())
-    steps = args.epochs * -(-len(train) // args.batch_size)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.lr, total_steps=steps, pct_start=0.1)
-    start = time.perf_counter()
-    for epoch in range(args.epochs):
-        model.train()
-        loader = DataLoader(train, batch_size=args.batch_size, shuffle=True,
-                            generator=torch.Generator().manual_seed(args.seed + epoch))
-        for x, y, *_ in loader:
-            loss = nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-        test = [scenario.test_stream[t].dataset for t in args.experiences]
-        print(f"epoch {epoch + 1}/{args.epochs}: source test accuracy {100 * _accuracy(model, test, classes):.1f}% "
-              f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
-    meta = {"scenario": args.scenario, "scenario_args": args.scenario_args, "experiences": str(args.experiences),
-            "model_args": args.model_args, "epochs": str(args.epochs)}
-    print(save_weights(model, args.out, metadata=meta))
-    return 0
-
-
-# --------------------------------------------------------------------------------------------------------- forget
 def _add_forget_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", required=True, help="a run record (<out>/runs/<run_id>.json) with a saved state")
     ids = p.add_mutually_exclusive_group(required=True)
@@ -165,18 +96,16 @@ def forget(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}.")
     device = resolve_device(args.device)
-    record_files.read(args.run)                     # a corrupt or foreign file: one line, exit code 2
+    # a corrupt or foreign file, no saved state or a state written by another run: one line, exit code 2
+    state = record_files.state_dir(args.run, record_files.read(args.run))
     record = RunRecord.load(args.run)
-    if not record.state_dir:
-        raise ConfigError(f"{args.run} has no saved strategy state (status {record.status}; only finished runs of "
-                          f"a strategy with save_state, such as taft_shards, model_soup and sisa, have one).")
     spec = RunSpec.from_dict(record.spec)
     seed_everything(spec.seed)
     scenario = build_scenario(spec)
     experiences = list(scenario.train_stream)
     last = len(experiences) - 1
     probe = build_strategy(spec, scenario.info, device)
-    probe.load_state(record.state_dir)
+    probe.load_state(state)
     shard_ids = probe.shard_ids()
     if args.ids:
         requests = _ids_request(args.ids, {i for ids in shard_ids.values() for i in ids})
@@ -189,7 +118,7 @@ def forget(args: argparse.Namespace) -> int:
             for mode in args.mode:
                 seed_everything(spec.seed)
                 strategy = build_strategy(spec, scenario.info, device)
-                strategy.load_state(record.state_dir)
+                strategy.load_state(state)
                 removal = strategy.forget(ids, mode, experiences)
                 scores = scenario.evaluator(strategy, scenario, last, device)
                 accuracies, sizes = scores.rows["accuracy"], scores.sizes
@@ -219,7 +148,5 @@ def _append_markdown(path: Path, row: dict) -> None:
                 f"{row['hash_after']} |\n")
 
 
-COMMANDS.register("pretrain")(Command("train a ViT on a source dataset and save the checkpoint used by --init",
-                                      _add_pretrain_arguments, pretrain))
 COMMANDS.register("forget")(Command("remove training samples from a finished taft_shards/model_soup/sisa run",
                                     _add_forget_arguments, forget))
