@@ -92,7 +92,7 @@ def main() -> None:
     full_memory = training_memory(full_step)
     print("method | trainable % of backbone | step time / full FT | training memory / full FT")
     for name in METHODS.names():
-        config = build_method(name, MethodArgs(size=args.size, prefix_length=args.size))
+        config = build_method(name, MethodArgs(size=args.size, prefix_length=args.size, prefix_reparam=0))
         model = inject(copy.deepcopy(vit), config)
         petl = PETLSet(config, model.shape)
         with torch.no_grad():
@@ -108,7 +108,7 @@ def main() -> None:
 
     eval_x = torch.randn(args.eval_batch, 3, args.img, args.img)
     base = copy.deepcopy(vit).eval()
-    config = build_method("lora", MethodArgs(size=args.size, lora_ffn=True))
+    config = build_method("lora", MethodArgs(size=args.size, placement="both"))
     lora = inject(copy.deepcopy(vit), config).eval()
     petl = PETLSet(config, lora.shape)
     with torch.no_grad():

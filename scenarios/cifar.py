@@ -6,6 +6,9 @@ the remaining 50 split evenly), class order 1, 2 or 3 of DER/DyTox (:data:`clben
 step included: the papers' "B50, 10 steps" (50 + 10 x 5 classes) is ``initial_classes=50, n_experiences=11``;
 "10 steps" B0 is ``n_experiences=10``.
 
+``cifar100_transfer`` is He et al.'s single-task transfer protocol at CPU scale: classes 0 .. ``classes``-1 (at most
+50) of the fixed order as ONE experience, for a backbone pre-trained on the disjoint classes 50-99.
+
 Small versions (tests, CPU presets): ``classes=k`` keeps the first ``k`` classes of the class order, ``max_per_class``
 the first images of each class. Train augmentation: random crop with 4-pixel padding and horizontal flip.
 Data: the official python pickles (``cifar-100-python/``) or ``cifar100/cifar100.npz`` under a data root.
@@ -37,5 +40,21 @@ def split_cifar100(*, seed: int = 0, n_experiences: int = 10, initial_classes: i
                               classes_per_experience=tuple(increments_for(len(order), n_experiences, initial_classes)),
                               input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD,
                               default_model=default_model, extra={"class_order_name": class_order})
+    return image_class_incremental(info, data.load(data.CIFAR100, data_root), order, max_per_class,
+                                   train_transform=crop_flip(32, padding=4))
+
+
+@SCENARIOS.register("cifar100_transfer")
+def cifar100_transfer(*, seed: int = 0, classes: int = 50, max_per_class: int | None = None,
+                      default_model: str = "vit", data_root: str | os.PathLike | None = None) -> Scenario:
+    """CIFAR-100 classes ``0 .. classes-1`` in one experience (transfer to one task; classes 50-99 are the
+    pre-training source, so ``classes`` <= 50). ``seed`` changes training only, not the data."""
+    if not 1 <= classes <= 50:
+        raise ValueError(f"cifar100_transfer: classes must be in 1..50 (classes 50-99 are the pre-training source), "
+                         f"got {classes}.")
+    order = list(range(classes))
+    info = ClassificationInfo(name="cifar100_transfer", n_classes=classes, classes_per_experience=(classes,),
+                              input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD,
+                              default_model=default_model, extra={"class_order_name": "fixed"})
     return image_class_incremental(info, data.load(data.CIFAR100, data_root), order, max_per_class,
                                    train_transform=crop_flip(32, padding=4))

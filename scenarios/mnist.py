@@ -1,6 +1,8 @@
 """MNIST and Fashion-MNIST scenarios (28 x 28 grey images, 60,000 train / 10,000 test each).
 
 - ``split_mnist`` / ``split_fmnist``: the 10 classes in ``n_experiences`` class-incremental steps (5 x 2 default).
+- ``mnist_transfer``: the 10 digits as ONE experience (single-task transfer, He et al.'s protocol, for a backbone
+  pre-trained on Fashion-MNIST).
 - ``mnist_fmnist``: MNIST, then Fashion-MNIST, as two experiences. ``mode="class"``: labels 0-9 are MNIST's digits
   and 10-19 Fashion-MNIST's classes; ``mode="domain"``: both use the shared labels 0-9
   (``ClassificationInfo.domain_incremental``). Both datasets are normalized with the statistics of their joint training
@@ -52,6 +54,14 @@ def split_fmnist(*, seed: int = 0, n_experiences: int = 5, class_order: str = "f
     """Fashion-MNIST classes in ``n_experiences`` steps; ``class_order`` as for ``split_mnist``."""
     return _split("split_fmnist", data.FASHION_MNIST, FASHION_MNIST_STATS, seed=seed, n_experiences=n_experiences,
                   class_order=class_order, max_per_class=max_per_class, task_aware=task_aware, data_root=data_root)
+
+
+@SCENARIOS.register("mnist_transfer")
+def mnist_transfer(*, seed: int = 0, max_per_class: int | None = None,
+                   data_root: str | os.PathLike | None = None) -> Scenario:
+    """MNIST's 10 digits in one experience (``seed`` changes training only, not the data)."""
+    return _split("mnist_transfer", data.MNIST, MNIST_STATS, seed=seed, n_experiences=1, class_order="fixed",
+                  max_per_class=max_per_class, task_aware=False, data_root=data_root)
 
 
 @SCENARIOS.register("mnist_fmnist")

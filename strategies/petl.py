@@ -26,6 +26,7 @@ the classifier in the optimizer; the backbone's weights stay bitwise unchanged. 
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -37,7 +38,8 @@ from torch.nn import functional as F
 
 from clbench.callbacks import bridge
 from clbench.cl import MEMORIES, Phase, PhasedTemplate, build_memory, dataset_features
-from clbench.petl import METHODS, MethodArgs, PETLSet, PETLViT, build_method, inject
+from clbench.petl import METHODS, MethodArgs, PETLSet, PETLViT, ViTShape, build_method, inject
+from clbench.petl.methods import unused_fields
 from clbench.privacy.step import PrivateTraining, mark_private
 from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
 from clbench.registry import MODELS, STRATEGIES
@@ -48,10 +50,23 @@ log = logging.getLogger(__name__)
 OUTSIDE = -1e9      # logit of a class outside the head's own classes: exp(OUTSIDE - max) underflows to exactly 0
 
 
+def vit_shape(model_args: dict) -> ViTShape:
+    """The :class:`ViTShape` the ``vit`` model builds from ``model_args`` (its own defaults for keys left out)."""
+    defaults = {k: p.default for k, p in inspect.signature(MODELS.get("vit")).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    a = {**defaults, **model_args}
+    return ViTShape(depth=a["depth"], dim=a["embed_dim"], heads=a["num_heads"],
+                    mlp_hidden=int(a["embed_dim"] * a["mlp_ratio"]))
+
+
 @dataclass
 class PETLStrategyConfig(MethodArgs):
     """Method sizes (:class:`clbench.petl.MethodArgs`) and training. Defaults: a dim-64 ViT, AdamW lr 1e-3 without
-    weight decay, batch 32, 5 epochs per experience."""
+    weight decay, batch 32, 5 epochs per experience. Each strategy has its own subclass naming its ``method``
+    (:func:`_register`), so the suite loader refuses, before any run, a field the method does not read, a size
+    outside the method's rules (``size: 0``, ``prefix_length: -3``) and sizes beyond the ViT's dimensions."""
+
+    method: ClassVar[str] = ""
 
     model_args: dict = field(default_factory=lambda: {"embed_dim": 64, "depth": 3, "num_heads": 4,
                                                       "patch_size": 4})
@@ -70,6 +85,12 @@ class PETLStrategyConfig(MethodArgs):
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError("epochs and batch_size must be positive")
+        if self.method:
+            unused = unused_fields(self.method, self)
+            if unused:
+                raise ValueError(f"{', '.join(unused)}: not used by the PETL method {self.method!r} (it reads "
+                                 f"{', '.join(METHODS.get(self.method).reads)}); remove the key.")
+            build_method(self.method, self).check_fits(vit_shape(self.model_args))
 
 
 @dataclass
@@ -217,7 +238,9 @@ class PETLStrategy(StrategyBase):
         return {"model": self.template.model}
 
     def extra_metrics(self) -> dict[str, float]:
-        return {"trainable_pct": 100.0 * self.petl_config.trainable_count(self.backbone.shape) / self.backbone_params}
+        """``trainable_pct``: the deployed module set (a reparametrized prefix counted merged, as He et al. count
+        budgets) over the backbone's parameters."""
+        return {"trainable_pct": 100.0 * self.petl_config.deployed_count(self.backbone.shape) / self.backbone_params}
 
     def num_parameters(self) -> ParamCount:
         return ParamCount.of(self.template.model)
@@ -231,6 +254,7 @@ class SharedPETL(PETLStrategy):
     def first_model(self) -> nn.Module:
         head = IncrementalClassifier(self.backbone.shape.dim, initial_out_features=self.info.classes_per_experience[0])
         self.model = self._classifier(self.new_set(), head)
+        self.trained = 0
         return self.model
 
     def train(self, experience: Any) -> None:
@@ -239,6 +263,9 @@ class SharedPETL(PETLStrategy):
                              f"is refused: replayed samples are trained on in several experiences, so the "
                              f"per-experience epsilon would understate theirs; set mem_size: 0.")
         self.template.fit(experience)
+        self.trained += 1
+        if self.trained == len(self.info.classes_per_experience):
+            self.model.petl.merge_prefix()           # trained for the last time: drop the prefix MLP
         if self.config.mem_size:
             self.memory.update(experience.dataset, lambda ds: dataset_features(
                 ds, self.base_features, self.config.eval_batch_size, self.device))
@@ -267,7 +294,7 @@ class _SetPerExperience(PETLStrategy):
         model = self._classifier(self.initial_set(), self.new_head(t))
         self.template.model = model
         self.template.fit(experience)
-        self.sets.append(model.petl)
+        self.sets.append(model.petl.merge_prefix())   # final: a reparametrized prefix becomes its vectors
         self.heads.append(model.head)
 
     def num_parameters(self) -> ParamCount:
@@ -345,7 +372,7 @@ class MergedPETL(_SetPerExperience):
     def __init__(self, info: ClassificationInfo, device: torch.device | str, config: PETLStrategyConfig) -> None:
         super().__init__(info, device, config)
         self.init_set = self.new_set().requires_grad_(False)
-        self.merged = copy.deepcopy(self.init_set)
+        self.merged = copy.deepcopy(self.init_set).merge_prefix()    # the trained sets are merged too
 
     def initial_set(self) -> PETLSet:
         return copy.deepcopy(self.init_set).requires_grad_(True)
@@ -375,8 +402,9 @@ def _register() -> None:
         title = "".join(part.title() for part in method.split("_"))
         doc = (METHODS.get(method).__doc__ or method).splitlines()[0]
         for suffix, base in VARIANTS.items():
+            config = type(f"{title}{base.Config.__name__}", (base.Config,), {"method": method, "__module__": __name__})
             cls = type(f"{title}{base.__name__}", (base,), {"method": method, "__module__": __name__,
-                                                          "__doc__": f"{base.summary} {doc}"})
+                                                          "__doc__": f"{base.summary} {doc}", "Config": config})
             STRATEGIES.register(method + suffix)(cls)
             if base.private:
                 mark_private(method + suffix)

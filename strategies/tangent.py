@@ -420,6 +420,9 @@ class Nlft(PrefixFineTuning):
     composition and no shard structure (exact removal would mean retraining from scratch)."""
 
     Config: ClassVar[type] = NonlinearConfig
+    # cpu_sgd: the authors' NLFT optimizer (SGD lr 1e-2, weight decay 1e-4; momentum 0.9, this code's SGD default)
+    PRESETS: ClassVar[dict[str, dict]] = {**PrefixFineTuning.PRESETS,
+                                          "cpu_sgd": {**CPU, "optimizer": "sgd", "lr": 1e-2, "weight_decay": 1e-4}}
 
     def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
         super().__init__(info, device, config)

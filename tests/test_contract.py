@@ -18,7 +18,8 @@ from clbench.scenarios.movielens import sequences_scenario
 SYNTHETIC = {"n_classes": 4, "n_experiences": 2, "train_per_class": 10, "test_per_class": 5}
 VIT = {"embed_dim": 8, "depth": 1, "num_heads": 2, "patch_size": 4}
 TINY = {"epochs": 1, "first_epochs": None, "finetune_epochs": 1, "batch_size": 6, "eval_batch_size": 64,
-        "mem_size": 24, "n_shards": 2, "lr": 0.01, "augment": (), "arch_overrides": VIT}
+        "mem_size": 24, "n_shards": 2, "lr": 0.01, "augment": (), "arch_overrides": VIT,
+        "size": 2}                         # PETL r / l: the defaults (r = 512) are refused above the width d = 8
 
 
 def _tiny(name: str, preset: str) -> dict:

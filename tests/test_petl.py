@@ -22,7 +22,7 @@ from clbench.petl import (
     modification_count,
 )
 
-ARGS = MethodArgs(size=3, prefix_length=4, lora_ffn=True)
+ARGS = MethodArgs(size=3, prefix_length=4, placement="both")
 
 
 def _vit(fused: bool = True, dtype=torch.float32, seed: int = 0) -> VisionTransformer:
@@ -141,7 +141,7 @@ def test_lora_on_q_and_v_equals_the_explicitly_updated_fused_weight():
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_lora_merged_equals_unmerged_and_unmerge_restores_the_weights_bitwise(dtype, tol):
     vit = _vit(dtype=dtype)
-    config = build_method("lora", MethodArgs(size=3, lora_ffn=True))
+    config = build_method("lora", MethodArgs(size=3, placement="both"))
     model = inject(vit, config)
     petl = PETLSet(config, model.shape).to(dtype)
     _randomize(petl)
@@ -206,7 +206,7 @@ def test_sequential_adapter_reads_the_sublayer_output_and_parallel_its_input():
 
 @pytest.mark.parametrize("name", METHODS.names())
 @pytest.mark.parametrize("args", [MethodArgs(size=1), MethodArgs(size=7, prefix_length=2, placement="both"),
-                                  MethodArgs(size=5, prefix_reparam=6, lora_ffn=True)])
+                                  MethodArgs(size=5, prefix_reparam=6, placement="both")])
 def test_trainable_parameters_equal_the_closed_form(name, args):
     vit = _vit()
     config = build_method(name, args)
@@ -246,3 +246,67 @@ def test_combinations_outside_the_unified_view_are_refused(fields, message):
     with pytest.raises(ValueError, match="same place"):
         PETLConfig((Modification("adapter", "ffn", "parallel", "add", 3),
                     Modification("adapter", "ffn", "sequential", "add", 3)))
+
+
+def test_mam_default_is_he_et_al_allocation_a_small_prefix_and_a_large_scaled_ffn_adapter():
+    """He et al.'s MAM: prefix l = 30 (reparametrized) + scaled parallel FFN adapter r = 512, s = 4; at their
+    d = 1024 (mBART-large, 12 blocks per stack) the merged prefix is ~5% of MAM's parameters."""
+    prefix, adapter = build_method("mam").modifications
+    assert (prefix.form, prefix.size, prefix.reparam) == ("prefix", 30, 512)
+    assert (adapter.representation, adapter.insertion, adapter.composition, adapter.size, adapter.scale) == (
+        "ffn", "parallel", "scaled", 512, 4.0)
+    s = ViTShape(depth=12, dim=1024, heads=16, mlp_hidden=4096)
+    config = build_method("mam")
+    share = modification_count(Modification("prefix", "heads", "parallel", "gated", 30), s) / config.deployed_count(s)
+    assert 0.04 < share < 0.07
+
+
+@pytest.mark.parametrize("suite", ["petl", "petl_transfer"])
+def test_shipped_mam_rows_give_the_prefix_a_small_share_of_the_budget(suite):
+    """Every MAM entry of the shipped PETL suites: the merged prefix is at most 10% of MAM's parameters, the scaled
+    FFN adapter the rest (the issue: l = 10 had taken 49%)."""
+    from clbench.config import load_suite
+    from clbench.strategies.petl import vit_shape
+    from clbench.config import build_config
+    spec = load_suite(suite)
+    rows = [e for e in spec.strategies if e.name.startswith("mam")]
+    assert rows
+    for entry in rows:
+        config = build_config(entry.name, entry.preset, entry.args)
+        shape = vit_shape(config.model_args)
+        prefix, adapter = build_method("mam", config).modifications
+        merged = modification_count(Modification("prefix", "heads", "parallel", "gated", prefix.size), shape)
+        assert merged / build_method("mam", config).deployed_count(shape) <= 0.10, entry.label
+        assert adapter.composition == "scaled" and adapter.scale == 4.0
+
+
+def test_reparametrized_prefix_merges_into_the_mlp_output():
+    """After training the MLP is dropped: the merged free vectors equal MLP(E) exactly, the model's output is
+    unchanged, and the set holds 2Lld parameters (the deployed count)."""
+    vit = _vit(dtype=torch.float64)
+    config = build_method("prefix", MethodArgs(size=5, prefix_reparam=7))
+    model = inject(vit, config)
+    petl = PETLSet(config, model.shape).double()
+    _randomize(petl)
+    x = _images(torch.float64)
+    mlp_out = petl.prefix.mlp(petl.prefix.embedding).detach()                  # (l, 2Ld)
+    with model.use(petl):
+        before = model(x)
+    assert petl.merge_prefix() is petl and not petl.prefix.reparametrized
+    L, d = model.shape.depth, model.shape.dim
+    assert torch.equal(petl.prefix.prefix.detach(), mlp_out.view(5, L, 2, d).permute(1, 2, 0, 3))
+    with model.use(petl):
+        assert torch.equal(model(x), before)
+    assert sum(p.numel() for p in petl.parameters()) == 2 * L * 5 * d == config.deployed_count(model.shape)
+    assert config.trainable_count(model.shape) > config.deployed_count(model.shape)
+
+
+def test_unset_sizes_take_the_method_default_and_set_ones_are_used_as_written():
+    assert build_method("lora").modifications[0].size == 8
+    assert build_method("prefix").modifications[0].size == 30
+    assert build_method("prefix", MethodArgs(prefix_reparam=0)).modifications[0].reparam == 0   # free: an option
+    with pytest.raises(ValueError, match="size"):
+        MethodArgs(size=0)
+    with pytest.raises(ValueError, match="prefix_length"):
+        MethodArgs(prefix_length=-3)
+    assert {m.representation for m in build_method("lora", MethodArgs(placement="ffn")).modifications} == {"ffn"}

@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from clbench.callbacks import Callback, CallbackContext
-from clbench.config import ConfigError, build_config
+from clbench.config import ConfigError, build_config, parse_suite
 from clbench.models.checkpoint import save_weights
-from clbench.petl import METHODS
+from clbench.petl import METHODS, build_method
 from clbench.registry import MODELS, SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
 from clbench.strategies.petl import OUTSIDE
 
 VIT = {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 2}
-SMALL = {"model_args": VIT, "size": 2, "prefix_length": 2, "epochs": 2, "batch_size": 16}
+SMALL = {"model_args": VIT, "size": 2, "epochs": 2, "batch_size": 16}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,8 @@ def checkpoint(scenario, tmp_path_factory):
 
 def _strategy(name, scenario, checkpoint, **args):
     seed_everything(0)
-    config = build_config(name, "cpu", {**SMALL, "init": checkpoint, **args})
+    mam = {"prefix_length": 2} if STRATEGIES.get(name).method == "mam" else {}
+    config = build_config(name, "cpu", {**SMALL, **mam, "init": checkpoint, **args})
     return STRATEGIES.get(name)(scenario.info, "cpu", config)
 
 
@@ -146,10 +147,68 @@ class _Count(Callback):
 
 @pytest.mark.parametrize("name", ["prefix", "prefix_per_task"])
 def test_callbacks_fire_and_the_optimizer_holds_only_petl_and_head(name, scenario, checkpoint):
-    strategy = _strategy(name, scenario, checkpoint, epochs=1)
+    strategy = _strategy(name, scenario, checkpoint, epochs=1, prefix_reparam=0)     # free prefix vectors
     counter = _Count()
     counter.setup(CallbackContext())
     strategy.callbacks.callbacks.append(counter)
     strategy.train(scenario.train_stream[0])
     assert counter.steps == 3                                   # 48 samples, batch 16, 1 epoch
     assert counter.params == 2 * 2 * 2 * 16 + (16 * 2 + 2)      # prefix 2Lld + head over 2 classes
+
+
+# ------------------------------------------------------------------ settings refused at load (issue 26's probes)
+def _load(name, args, model_args=None):
+    """The suite loader on one entry (the ViT of the shipped suites: d = 64, 3 blocks, 4 heads)."""
+    entry = {"name": name, "args": {"model_args": model_args or {"embed_dim": 64, "depth": 3, "num_heads": 4,
+                                                                  "patch_size": 4}, **args}}
+    return parse_suite({"suite": "probe", "scenarios": [{"name": "synthetic"}], "strategies": [entry]})
+
+
+@pytest.mark.parametrize("name, args, key", [
+    ("lora", {"size": 0}, "size"),                          # trained as r = 8 (`a.size or 8`)
+    ("prefix", {"size": 0}, "size"),                        # trained as l = 30
+    ("mam", {"size": 8, "prefix_length": -3}, "prefix_length"),
+    ("lora", {"size": 100000}, "size 100000"),              # 76.8 M parameters on a width-64 ViT
+    ("adapter_par", {"size": 65}, "size 65"),               # r > d
+    ("prefix", {"size": 5000}, "share"),                    # more PETL parameters than the blocks
+    ("mh_par_adapter", {"placement": "ffn"}, "placement"),  # a per-head adapter has one place
+    ("prefix", {"placement": "ffn"}, "placement"),
+    ("mam", {"placement": "attn"}, "placement"),
+    ("lora", {"prefix_length": 4}, "prefix_length"),        # read by MAM only
+    ("adapter_par", {"scale": 2.0}, "scale"),               # plain add: no s
+    ("adapter_par_merge", {"lora_alpha": 8.0}, "lora_alpha"),
+])
+def test_settings_that_would_not_train_as_written_are_refused_at_load(name, args, key):
+    with pytest.raises(ConfigError) as error:
+        _load(name, args)
+    message = str(error.value)
+    assert key in message and "\n" not in message.strip()
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_placement_is_honoured_by_every_method_that_reads_it(method):
+    """``placement: ffn`` puts every module at the FFN for the methods that read it (LoRA on W_1, W_2); the others
+    refuse it (above)."""
+    if "placement" not in METHODS.get(method).reads:
+        with pytest.raises(ConfigError, match="placement"):
+            _load(method, {"placement": "ffn"})
+        return
+    spec = _load(method, {"placement": "ffn", "size": 4})
+    config = build_config(method, None, spec.strategies[0].args)
+    reps = {m.representation for m in build_method(method, config).modifications}
+    assert reps == {"ffn"}
+    default = build_config(method, None, {"size": 4})
+    assert {m.representation for m in build_method(method, default).modifications} != {"ffn"} or method in (
+        "adapter_par", "scaled_par_adapter")                # their default is the FFN already
+
+
+def test_lora_placement_ffn_trains_the_ffn_not_the_attention(scenario, checkpoint):
+    strategy = _strategy("lora", scenario, checkpoint, placement="ffn", epochs=1)
+    block = strategy.model.petl.blocks[0]
+    assert set(block.keys()) == {"fc1", "fc2"}
+
+
+def test_alpha_over_r_is_what_lora_scales_by():
+    for r, alpha in ((1, 2.0), (10, 20.0)):
+        (m,) = build_method("lora", build_config("lora", None, {"size": r, "lora_alpha": alpha})).modifications
+        assert m.scale == 2.0

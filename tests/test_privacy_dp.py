@@ -272,7 +272,7 @@ def test_dp_entry_is_part_of_the_run_identity():
     {"name": "mam", "preset": "cpu", "args": {"epochs": 2, "batch_size": 16, "size": 2, "prefix_length": 3,
                                               "model_args": {"embed_dim": 16, "depth": 2, "num_heads": 2,
                                                              "patch_size": 4}}},
-    {"name": "lora_merge", "preset": "cpu", "args": {"epochs": 2, "batch_size": 16, "size": 2, "lora_ffn": True,
+    {"name": "lora_merge", "preset": "cpu", "args": {"epochs": 2, "batch_size": 16, "size": 2, "placement": "both",
                                                      "model_args": {"embed_dim": 16, "depth": 2, "num_heads": 2,
                                                                     "patch_size": 4}}},
 ], ids=["naive", "taft", "nlft", "mam", "lora_merge"])

@@ -17,7 +17,7 @@ from clbench.strategies.petl import PETLClassifier
 from tests.test_petl import _randomize, _vit
 from tests.test_privacy_norms import RTOL, ce, vmap_norms
 
-CASES = [(name, MethodArgs(size=3, prefix_length=4, lora_ffn=True)) for name in METHODS.names()]
+CASES = [(name, MethodArgs(size=3, prefix_length=4, placement="both", prefix_reparam=0)) for name in METHODS.names()]
 CASES += [(name, MethodArgs(size=3, prefix_length=4, prefix_reparam=5)) for name in ("prefix", "mam")]
 IDS = [name + ("_reparam" if args.prefix_reparam else "") for name, args in CASES]
 
@@ -87,10 +87,10 @@ def test_the_prefix_bank_covers_its_mlp_and_no_rule_sees_its_linears_alone():
 
 
 @pytest.mark.parametrize("name, args, frozen", [
-    ("lora", MethodArgs(size=3, lora_ffn=True), ("blocks.0.qkv.B", "blocks.1.fc1.A")),
+    ("lora", MethodArgs(size=3, placement="both"), ("blocks.0.qkv.B", "blocks.1.fc1.A")),
     ("mh_par_adapter", MethodArgs(size=3), ("blocks.0.heads.b_down", "blocks.1.heads.w_up")),
     ("prefix", MethodArgs(size=3, prefix_reparam=5), ("prefix.embedding", "prefix.mlp.2.bias")),
-    ("prefix", MethodArgs(size=3), ("prefix.prefix",)),
+    ("prefix", MethodArgs(size=3, prefix_reparam=0), ("prefix.prefix",)),
 ], ids=["lora", "mh_par_adapter", "prefix_reparam", "prefix_free"])
 def test_frozen_parts_of_a_module_set_are_left_out(name, args, frozen):
     """A frozen PETL parameter gets no noise and no clipping share: the norms equal vmap's over the trained ones."""

@@ -22,13 +22,14 @@ from clbench.data.orders import CIFAR100_ORDERS, IMAGENET100_ORDER1, resolve_cla
 from clbench.data.tensors import channel_stats, image_class_incremental, to_normalized
 from clbench.protocol import ClassificationInfo
 from clbench.registry import SCENARIOS
-from clbench.scenarios.cifar import CIFAR100_MEAN, CIFAR100_STD, split_cifar100
+from clbench.scenarios.cifar import CIFAR100_MEAN, CIFAR100_STD, cifar100_transfer, split_cifar100
 from clbench.scenarios.imagenet import split_imagenet_subset
 from clbench.scenarios.mnist import (
     FASHION_MNIST_STATS,
     JOINT_STATS,
     MNIST_STATS,
     mnist_fmnist,
+    mnist_transfer,
     split_fmnist,
     split_mnist,
 )
@@ -284,3 +285,39 @@ def test_imagenet_subset_on_tiny_imagenet_100():
     small = split_imagenet_subset(image_size=32, classes=10, n_experiences=2, max_per_class=4, data_root=root)
     assert small.info.input_shape == (3, 32, 32) and small.info.classes_per_experience == (5, 5)
     assert [len(e.dataset) for e in small.train_stream] == [20, 20]
+
+
+def _by_label(pairs):
+    """(x, y) of several experiences concatenated and sorted by label (stable), to compare streams."""
+    x, y = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+    order = torch.sort(y, stable=True).indices
+    return x[order], y[order]
+
+
+def test_cifar100_transfer_is_classes_0_to_49_in_one_experience():
+    """He et al.'s single-task protocol: one experience holding exactly the images that the 5-step split of the
+    first 50 classes (fixed order) spreads over its steps; classes 50-99 (the pre-training source) refused."""
+    root = real_root("cifar100")
+    scenario = cifar100_transfer(max_per_class=2, data_root=root)
+    assert scenario.info.classes_per_experience == (50,) and scenario.info.name == "cifar100_transfer"
+    assert len(scenario.train_stream) == len(scenario.test_stream) == 1
+    split = split_cifar100(n_experiences=5, class_order="fixed", classes=50, max_per_class=2, data_root=root)
+    for mine, theirs in ((scenario.train_stream, split.train_stream), (scenario.test_stream, split.test_stream)):
+        (x, y), = experiences(mine)
+        x_ref, y_ref = _by_label(experiences(theirs))
+        assert set(y.tolist()) == set(range(50))
+        x, y = _by_label([(x, y)])
+        assert torch.equal(y, y_ref) and torch.equal(x, x_ref)
+    with pytest.raises(ValueError, match="classes must be in 1..50"):
+        cifar100_transfer(classes=51, max_per_class=1, data_root=root)
+
+
+def test_mnist_transfer_is_the_ten_digits_in_one_experience():
+    root = real_root("mnist")
+    scenario = mnist_transfer(max_per_class=3, data_root=root)
+    assert scenario.info.classes_per_experience == (10,) and len(scenario.train_stream) == 1
+    split = split_mnist(max_per_class=3, data_root=root)
+    (x, y), = experiences(scenario.train_stream)
+    x_ref, y_ref = _by_label(experiences(split.train_stream))
+    x, y = _by_label([(x, y)])
+    assert torch.equal(y, y_ref) and torch.equal(x, x_ref) and set(y.tolist()) == set(range(10))

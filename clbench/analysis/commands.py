@@ -47,6 +47,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from clbench import records as record_files  # noqa: E402
 from clbench.analysis import dual_form  # noqa: E402,F401  (registers the dual_form callback)
 from clbench.analysis.attribution import attention_over_steps, attribute  # noqa: E402
+from clbench.analysis.paired import paired_report  # noqa: E402
 from clbench.analysis.store import PatternStore  # noqa: E402
 from clbench.cli import Command  # noqa: E402
 from clbench.config import ConfigError, RunSpec  # noqa: E402
@@ -60,11 +61,14 @@ CLASS_NAMES = {("mnist_fmnist", "domain"): (tuple(str(d) for d in range(10)), FA
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("analysis", choices=sorted(ANALYSES), help="which analysis")
-    p.add_argument("--run", required=True, help="a run record (<out>/runs/<run_id>.json) recorded with dual_form")
+    p.add_argument("--run", required=True, help="dual-form: a run record (<out>/runs/<run_id>.json) recorded with "
+                                                "dual_form; paired: a results folder")
     p.add_argument("--out", help="output folder (default <out>/dual_form/<run_id>)")
     p.add_argument("--queries", type=int, default=1000, help="test samples per test experience used as queries")
     p.add_argument("--examples", type=int, default=4, help="misclassified first-experience queries to plot")
     p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--pairs", nargs="+", default=[], help="paired: rows to compare, A:B (strategy labels)")
+    p.add_argument("--metric", default="last_acc", help="paired: the metric compared")
 
 
 def _names(spec: RunSpec, n_exp: int, n_lab: int) -> list[list[str]]:
@@ -285,12 +289,13 @@ def dual_form_report(args: argparse.Namespace) -> int:
     return 0
 
 
-ANALYSES = {"dual-form": dual_form_report}
+ANALYSES = {"dual-form": dual_form_report, "paired": paired_report}
 
 
 def analyze(args: argparse.Namespace) -> int:
     return ANALYSES[args.analysis](args)
 
 
-COMMANDS.register("analyze")(Command("analyses of a recorded run (dual-form: attention over training patterns)",
+COMMANDS.register("analyze")(Command("analyses of recorded runs (dual-form: attention over training patterns; "
+                                     "paired: paired differences between suite rows over seeds)",
                                      _add_arguments, analyze))

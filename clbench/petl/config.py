@@ -103,6 +103,13 @@ class ViTShape:
     def head_dim(self) -> int:
         return self.dim // self.heads
 
+    @property
+    def block_params(self) -> int:
+        """Parameters of the ``depth`` pre-norm timm blocks (two LayerNorms, ``qkv``, ``proj``, ``fc1``, ``fc2``, with
+        biases): ``L (4d² + 2dm + 9d + m)``; the backbone has more (patch embedding, position embedding, tokens)."""
+        d, m = self.dim, self.mlp_hidden
+        return self.depth * (4 * d * d + 2 * d * m + 9 * d + m)
+
     @classmethod
     def of(cls, vit) -> ViTShape:
         block = vit.blocks[0]
@@ -125,8 +132,28 @@ class PETLConfig:
                              f"with distinct representations.")
 
     def trainable_count(self, shape: ViTShape) -> int:
-        """Number of PETL parameters in closed form (see :func:`modification_count`)."""
+        """Number of PETL parameters trained, in closed form (see :func:`modification_count`)."""
         return sum(modification_count(m, shape) for m in self.modifications)
+
+    def deployed_count(self, shape: ViTShape) -> int:
+        """Number of PETL parameters after training: a reparametrized prefix is merged into its ``2 L l d`` vectors
+        (the MLP is dropped), as He et al. count budgets."""
+        return sum(modification_count(m if m.form != "prefix" else Modification(
+            m.form, m.representation, m.insertion, m.composition, m.size), shape) for m in self.modifications)
+
+    def check_fits(self, shape: ViTShape) -> None:
+        """Raises ValueError (one line) when a size exceeds the model's dimensions: an adapter bottleneck or LoRA rank
+        ``r`` above the width ``d`` (a rank above ``min(d_in, d_out)`` adds nothing but parameters), or PETL
+        parameters (deployed) above the transformer blocks' own count (a budget share over 100%)."""
+        for m in self.modifications:
+            if m.form != "prefix" and m.size > shape.dim:
+                what = "LoRA rank" if m.form == "lora" else "adapter bottleneck"
+                raise ValueError(f"size {m.size} ({what} r of {m.representation}) is above the model width "
+                                 f"d = {shape.dim}; choose r <= {shape.dim}.")
+        count, blocks = self.deployed_count(shape), shape.block_params
+        if count > blocks:
+            raise ValueError(f"these sizes give {count:,} PETL parameters, {100 * count / blocks:.0f}% of the "
+                             f"{blocks:,} parameters of the ViT's blocks; choose sizes for a share <= 100%.")
 
 
 def modification_count(m: Modification, s: ViTShape) -> int:

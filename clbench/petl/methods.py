@@ -3,93 +3,133 @@
 Every strategy in :mod:`clbench.strategies.petl` (``<method>``, ``<method>_per_task``, ``<method>_merge``) is
 generated from this registry, so adding a method here adds its three strategies.
 
-Defaults (:class:`MethodArgs`): the MAM adapter's sizes from He et al. (prefix ``l = 30``, FFN scaled parallel
-adapter ``r = 512``, ``s = 4``) for the prefix and adapter methods; LoRA ``r = 8``, ``α = 16`` (``s = α/r = 2``, a
-common LoRA setting, not a value from the unified-view paper). These are mBART-large-scale sizes: CPU runs set
-``size`` (and ``prefix_length`` for MAM) for their ViT (see ``clbench/suites/petl.yaml``).
+Defaults (:class:`MethodArgs`, a field left ``None`` takes the method's default): the MAM adapter's sizes from He
+et al. (prefix ``l = 30`` reparametrized by an MLP of width 512, FFN scaled parallel adapter ``r = 512``, ``s = 4``:
+at their ``d = 1024`` the prefix is about 5% of MAM's parameters) for the prefix and adapter methods; LoRA ``r = 8``,
+``α = 16`` (``s = α/r = 2``, a common LoRA setting, not a value from the unified-view paper). These are
+mBART-large-scale sizes: CPU runs set ``size`` (and ``prefix_length`` for MAM) for their ViT (see
+``clbench/suites/petl.yaml``). Each method declares the fields it reads (:func:`unused_fields` lists the ones set but
+not read, which the strategies refuse at load).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from clbench.petl.config import Modification, PETLConfig
 from clbench.registry import Registry
 
 PLACEMENTS = {"attn": ("attn",), "ffn": ("ffn",), "both": ("attn", "ffn")}
+DEFAULTS = {"scale": 4.0, "lora_alpha": 16.0, "prefix_reparam": 512, "prefix_length": 30}
 
 
 @dataclass
 class MethodArgs:
-    """Sizes and placements shared by every method (each factory reads the fields it needs)."""
+    """Sizes and placements shared by every method; ``None``: the method's default. Each factory reads only the fields
+    it declares (:func:`method`)."""
 
-    size: int | None = None       # r (adapters, LoRA) or l (prefix); None: the method's default
-    placement: str | None = None  # adapters: attn | ffn | both; None: the method's default (Houlsby: both)
-    scale: float = 4.0            # s of the scaled parallel adapter (and of MAM's)
-    lora_alpha: float = 16.0      # LoRA's s = α / r
-    lora_ffn: bool = False        # LoRA also on the FFN's W_1 and W_2
-    prefix_reparam: int = 0       # hidden width of the prefix MLP (0: free prefix vectors)
-    prefix_length: int = 30       # l of MAM's prefix
+    size: int | None = None            # r (adapters, LoRA) or l (prefix)
+    placement: str | None = None       # adapters and LoRA: attn | ffn | both (Houlsby: both; parallel: ffn; LoRA: attn)
+    scale: float | None = None         # s of the scaled parallel adapter (and of MAM's); default 4
+    lora_alpha: float | None = None    # LoRA's s = α / r; default 16
+    prefix_reparam: int | None = None  # hidden width k of the prefix MLP, merged after training; 0: free prefix
+    #                                    vectors; default 512
+    prefix_length: int | None = None   # l of MAM's prefix; default 30
 
     def __post_init__(self) -> None:
         if self.placement is not None and self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {sorted(PLACEMENTS)} (or null), got {self.placement!r}.")
+        for name in ("size", "prefix_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or null for the method's default), got {value}.")
+        if self.prefix_reparam is not None and self.prefix_reparam < 0:
+            raise ValueError(f"prefix_reparam must be >= 0 (0: free prefix vectors), got {self.prefix_reparam}.")
+        for name in ("scale", "lora_alpha"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}.")
+
+    def get(self, name: str, default=None):
+        """The field's value, or ``default`` (else :data:`DEFAULTS`) when it is ``None``."""
+        value = getattr(self, name)
+        return value if value is not None else (default if default is not None else DEFAULTS[name])
 
 
 METHODS: Registry[Callable[[MethodArgs], PETLConfig]] = Registry("PETL method")
 
 
+def method(name: str, reads: tuple[str, ...]):
+    """Registers a factory under ``name`` that reads the :class:`MethodArgs` fields ``reads``."""
+    def wrap(factory):
+        factory.reads = reads
+        return METHODS.register(name)(factory)
+    return wrap
+
+
+def unused_fields(name: str, args: MethodArgs) -> list[str]:
+    """Fields of ``args`` that are set (not ``None``) but that method ``name`` does not read."""
+    reads = METHODS.get(name).reads
+    return [f.name for f in fields(MethodArgs) if f.name not in reads and getattr(args, f.name) is not None]
+
+
 def _places(a: MethodArgs, default: str) -> tuple[str, ...]:
-    return PLACEMENTS[a.placement or default]
+    return PLACEMENTS[a.get("placement", default)]
 
 
-@METHODS.register("prefix")
+def _prefix(a: MethodArgs, length: int) -> Modification:
+    return Modification("prefix", "heads", "parallel", "gated", length, reparam=a.get("prefix_reparam"))
+
+
+@method("prefix", reads=("size", "prefix_reparam"))
 def prefix(a: MethodArgs) -> PETLConfig:
     """Prefix tuning: ``l`` key/value vectors per layer, gated composition (Li & Liang, 2021)."""
-    return PETLConfig((Modification("prefix", "heads", "parallel", "gated", a.size or 30, reparam=a.prefix_reparam),))
+    return PETLConfig((_prefix(a, a.get("size", 30)),))
 
 
-@METHODS.register("adapter_seq")
+@method("adapter_seq", reads=("size", "placement"))
 def adapter_seq(a: MethodArgs) -> PETLConfig:
     """Sequential (Houlsby) adapters ``h ← h + f(h W_down) W_up`` after attention and FFN (Houlsby et al., 2019)."""
-    return PETLConfig(tuple(Modification("adapter", p, "sequential", "add", a.size or 512)
+    return PETLConfig(tuple(Modification("adapter", p, "sequential", "add", a.get("size", 512))
                             for p in _places(a, "both")))
 
 
-@METHODS.register("adapter_par")
+@method("adapter_par", reads=("size", "placement"))
 def adapter_par(a: MethodArgs) -> PETLConfig:
     """Parallel adapter ``h ← h + f(x W_down) W_up`` at the FFN (He et al., 2022)."""
-    return PETLConfig(tuple(Modification("adapter", p, "parallel", "add", a.size or 512) for p in _places(a, "ffn")))
-
-
-@METHODS.register("scaled_par_adapter")
-def scaled_par_adapter(a: MethodArgs) -> PETLConfig:
-    """Scaled parallel adapter ``h ← h + s · f(x W_down) W_up`` at the FFN (He et al., 2022)."""
-    return PETLConfig(tuple(Modification("adapter", p, "parallel", "scaled", a.size or 512, scale=a.scale)
+    return PETLConfig(tuple(Modification("adapter", p, "parallel", "add", a.get("size", 512))
                             for p in _places(a, "ffn")))
 
 
-@METHODS.register("mh_par_adapter")
+@method("scaled_par_adapter", reads=("size", "placement", "scale"))
+def scaled_par_adapter(a: MethodArgs) -> PETLConfig:
+    """Scaled parallel adapter ``h ← h + s · f(x W_down) W_up`` at the FFN (He et al., 2022)."""
+    return PETLConfig(tuple(Modification("adapter", p, "parallel", "scaled", a.get("size", 512), scale=a.get("scale"))
+                            for p in _places(a, "ffn")))
+
+
+@method("mh_par_adapter", reads=("size",))
 def mh_par_adapter(a: MethodArgs) -> PETLConfig:
     """Multi-head parallel adapter: one adapter per head on the attention output before ``W_o`` (He et al.)."""
-    return PETLConfig((Modification("adapter", "heads", "parallel", "add", a.size or 512),))
+    return PETLConfig((Modification("adapter", "heads", "parallel", "add", a.get("size", 512)),))
 
 
-@METHODS.register("lora")
+@method("lora", reads=("size", "placement", "lora_alpha"))
 def lora(a: MethodArgs) -> PETLConfig:
-    """LoRA ``W x + (α/r) B A x`` on ``W_q`` and ``W_v`` (and the FFN with ``lora_ffn``) (Hu et al., 2022)."""
-    r = a.size or 8
-    places = ("attn", "ffn") if a.lora_ffn else ("attn",)
-    return PETLConfig(tuple(Modification("lora", p, "parallel", "scaled", r, scale=a.lora_alpha / r)
-                            for p in places))
+    """LoRA ``W x + (α/r) B A x`` on ``W_q`` and ``W_v`` (``placement: attn``, the default), the FFN's ``W_1`` and
+    ``W_2`` (``ffn``) or both (Hu et al., 2022)."""
+    r = a.get("size", 8)
+    return PETLConfig(tuple(Modification("lora", p, "parallel", "scaled", r, scale=a.get("lora_alpha") / r)
+                            for p in _places(a, "attn")))
 
 
-@METHODS.register("mam")
+@method("mam", reads=("size", "scale", "prefix_length", "prefix_reparam"))
 def mam(a: MethodArgs) -> PETLConfig:
-    """MAM adapter: prefix (``prefix_length``) on attention + scaled parallel adapter (``size``, ``s``) on the FFN."""
-    return PETLConfig((Modification("prefix", "heads", "parallel", "gated", a.prefix_length, reparam=a.prefix_reparam),
-                       Modification("adapter", "ffn", "parallel", "scaled", a.size or 512, scale=a.scale)))
+    """MAM adapter: a small prefix (``prefix_length``) on attention + a large scaled parallel adapter (``size``,
+    ``s``) on the FFN."""
+    return PETLConfig((_prefix(a, a.get("prefix_length")),
+                       Modification("adapter", "ffn", "parallel", "scaled", a.get("size", 512), scale=a.get("scale"))))
 
 
 def build_method(name: str, args: MethodArgs | None = None) -> PETLConfig:

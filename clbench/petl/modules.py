@@ -119,6 +119,21 @@ class PrefixBank(nn.Module):
             prefix = self.prefix
         return prefix.expand(batch, *prefix.shape)
 
+    @property
+    def reparametrized(self) -> bool:
+        return hasattr(self, "mlp")
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """Drop the reparametrization after training (He et al.'s code saves the prefixes, not the MLP): the free
+        vectors become ``MLP(E)`` reshaped to ``(L, 2, l, d)``, so :meth:`forward` gives the same values."""
+        if not self.reparametrized:
+            return
+        trainable = self.embedding.requires_grad
+        prefix = self.forward(1)[0].detach().clone()
+        del self.embedding, self.mlp
+        self.prefix = nn.Parameter(prefix, requires_grad=trainable)
+
 
 def _block_modules(m: Modification, shape: ViTShape) -> dict[str, nn.Module]:
     """The modules one modification puts in one block, keyed by where the hooks look them up."""
@@ -150,3 +165,9 @@ class PETLSet(nn.Module):
                 if m.form != "prefix":
                     modules.update(_block_modules(m, shape))
             self.blocks.append(nn.ModuleDict(modules))
+
+    def merge_prefix(self) -> PETLSet:
+        """Merges a reparametrized prefix into its vectors (:meth:`PrefixBank.merge`); returns ``self``."""
+        if self.prefix is not None:
+            self.prefix.merge()
+        return self

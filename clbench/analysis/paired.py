@@ -1,0 +1,108 @@
+"""Paired differences between two rows of a suite over their common seeds (the statistic behind a claim).
+
+For rows ``A`` and ``B`` (strategy labels) on one scenario and a metric ``m`` (e.g. ``last_acc``)::
+
+    d_s = m(A, seed s) − m(B, seed s)        for every finished seed s that both rows ran
+    d̄ = mean_s d_s,   95% interval  d̄ ± t_{0.975, n−1} · sd(d) / √n     (Student t; none for n = 1)
+
+Pairing by seed removes what the rows share in a seed (data order, initial state), so the interval is about the
+difference itself. A claim "A beats B" is shown when the interval lies above 0, contradicted when it lies below,
+and not shown otherwise. ``run_bench.py analyze paired --run <results folder> --pairs A:B [C:D ...]`` prints the
+table and writes ``paired.csv`` to ``--out`` (default: the results folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from clbench import records as record_files
+
+
+@dataclass(frozen=True)
+class Paired:
+    scenario: str
+    a: str
+    b: str
+    metric: str
+    seeds: tuple[int, ...]
+    differences: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.differences))
+
+    @property
+    def half_width(self) -> float:
+        """Half the 95% t interval (NaN for fewer than 2 seeds)."""
+        n = len(self.differences)
+        if n < 2:
+            return float("nan")
+        return float(stats.t.ppf(0.975, n - 1) * np.std(self.differences, ddof=1) / np.sqrt(n))
+
+    @property
+    def verdict(self) -> str:
+        low, high = self.mean - self.half_width, self.mean + self.half_width
+        if np.isnan(self.half_width):
+            return "one seed: no interval"
+        return "A > B" if low > 0 else "A < B" if high < 0 else "not shown"
+
+
+def row_label(record: dict) -> str:
+    strategy = record["spec"]["strategy"]
+    return strategy.get("label") or strategy["name"]
+
+
+def scenario_label(record: dict) -> str:
+    scenario = record["spec"]["scenario"]
+    return scenario.get("label") or scenario["name"]
+
+
+def paired(records: list[dict], a: str, b: str, metric: str = "last_acc") -> list[Paired]:
+    """One :class:`Paired` per scenario on which both rows have finished seeds in common."""
+    values: dict[tuple[str, str, int], float] = {}
+    for r in records:
+        if r["status"] == "finished" and metric in r["metrics"]:
+            values[(scenario_label(r), row_label(r), r["seed"])] = float(r["metrics"][metric])
+    out = []
+    for scenario in sorted({k[0] for k in values}):
+        seeds = sorted(s for (sc, row, s) in values if sc == scenario and row == a and (sc, b, s) in values)
+        if seeds:
+            out.append(Paired(scenario, a, b, metric, tuple(seeds),
+                              tuple(values[(scenario, a, s)] - values[(scenario, b, s)] for s in seeds)))
+    return out
+
+
+def paired_report(args: argparse.Namespace) -> int:
+    folder = Path(args.run)
+    found, problems = record_files.load_dir(folder)
+    for problem in problems:
+        print(f"skipped: {problem}")
+    rows = []
+    for pair in args.pairs:
+        a, sep, b = pair.partition(":")
+        if not sep or not a or not b:
+            raise ValueError(f"--pairs takes A:B (two strategy labels), got {pair!r}.")
+        results = paired(found, a, b, args.metric)
+        if not results:
+            print(f"{a} vs {b}: no seeds in common with a finished {args.metric}")
+        rows += results
+    header = ["scenario", "A", "B", "metric", "n_seeds", "mean_A_minus_B", "ci95_half_width", "verdict", "per_seed"]
+    table = [[p.scenario, p.a, p.b, p.metric, len(p.seeds), round(p.mean, 3), round(p.half_width, 3), p.verdict,
+              " ".join(f"{d:+.2f}" for d in p.differences)] for p in rows]
+    out = Path(args.out) if args.out else folder
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "paired.csv", "w", newline="") as f:
+        csv.writer(f).writerows([header, *table])
+    print(" | ".join(header))
+    for row in table:
+        print(" | ".join(str(v) for v in row))
+    return 0
+
+
+__all__ = ["Paired", "paired", "paired_report"]

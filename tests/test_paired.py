@@ -1,0 +1,38 @@
+"""Paired differences over seeds (clbench/analysis/paired.py) against a hand computation, and the command."""
+
+import pytest
+
+from clbench.analysis.paired import paired
+from clbench.cli import main
+
+
+def _record(strategy, seed, value, scenario="s", status="finished"):
+    return {"run_id": f"{scenario}__{strategy}__s{seed}", "status": status, "seed": seed,
+            "spec": {"suite": "t", "scenario": {"name": scenario, "label": ""},
+                     "strategy": {"name": "x", "label": strategy}},
+            "metrics": {"last_acc": value}}
+
+
+def test_paired_difference_and_interval_by_hand():
+    # A − B per seed: 1, 2, 3 (seed 3 only in A: left out) -> mean 2, sd 1, t_{0.975,2} = 4.302653 -> 2.484138
+    records = [_record("A", 0, 11.0), _record("A", 1, 12.0), _record("A", 2, 13.0), _record("A", 3, 99.0),
+               _record("B", 0, 10.0), _record("B", 1, 10.0), _record("B", 2, 10.0),
+               _record("B", 3, 0.0, status="failed")]
+    (result,) = paired(records, "A", "B")
+    assert result.seeds == (0, 1, 2) and result.differences == (1.0, 2.0, 3.0)
+    assert result.mean == 2.0 and result.half_width == pytest.approx(4.302653 / 3 ** 0.5, abs=1e-5)
+    assert result.verdict == "not shown"                       # 2 ± 2.48 includes 0
+    (flipped,) = paired(records, "B", "A")
+    assert flipped.mean == -2.0
+    shown = [_record("A", s, 10.0 + 0.1 * s) for s in range(3)] + [_record("B", s, 9.0) for s in range(3)]
+    assert paired(shown, "A", "B")[0].verdict == "A > B"
+
+
+def test_paired_command_writes_the_table(tmp_path, capsys):
+    import json
+    (tmp_path / "runs").mkdir()
+    for r in [_record("A", s, 10.0 + s) for s in range(2)] + [_record("B", s, 9.0) for s in range(2)]:
+        (tmp_path / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
+    assert main(["analyze", "paired", "--run", str(tmp_path), "--pairs", "A:B"]) == 0
+    lines = (tmp_path / "paired.csv").read_text().splitlines()
+    assert lines[1].startswith("s,A,B,last_acc,2,1.5,")
