@@ -389,13 +389,13 @@ def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...]) -> None:
     if not entries:
         return
     from clbench.privacy.accountant import PrivacyBudgetError
-    from clbench.privacy.step import DPConfig, check_private_strategy
+    from clbench.privacy.step import PrivateTraining, check_private_strategy
 
     if len(entries) > 1:
         raise ConfigError(f"{where}: private training is given twice (dp: and a dp callback); keep one.")
     try:
         check_private_strategy(strategy)
-        DPConfig(**entries[0]["args"])
+        PrivateTraining(**entries[0]["args"])            # builds the DPConfig, which checks the budget
     except PrivacyBudgetError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

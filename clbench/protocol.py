@@ -16,6 +16,7 @@ The strategy contract (:class:`StrategyBase`), checked when a strategy registers
         Config = MyConfig                          # a dataclass; defaults = the paper's values
         PRESETS = {"cpu": {...}, "full": {}}       # named overrides of Config fields
         offline = False                            # True: one train() call with the list of all experiences
+        private = False                            # True: may train with dp (each call its own data, batch-mean loss)
 
         def __init__(self, info, device, config):  # call super().__init__(info, device, config) first
         def train(self, experience) -> None        # one experience (Avalanche experience for classification)
@@ -147,6 +148,7 @@ class StrategyBase:
     Config: ClassVar[type]
     PRESETS: ClassVar[dict[str, dict]] = {}
     offline: ClassVar[bool] = False
+    private: ClassVar[bool] = False      # True: each training call uses its own data and a batch-mean loss (dp allowed)
 
     def __init__(self, info: ScenarioInfo, device: torch.device | str, config: Any) -> None:
         self.info, self.device, self.config = info, torch.device(device), config

@@ -143,6 +143,7 @@ class NaiveStrategy(AvalancheStrategy):
     """Fine-tuning on each experience in turn: the lower bound."""
 
     template_cls = Naive
+    private = True                         # each training call uses its own data, the loss is a batch mean (dp)
 
 
 @STRATEGIES.register("cumulative")

@@ -40,7 +40,7 @@ from clbench.callbacks import bridge
 from clbench.cl import MEMORIES, Phase, PhasedTemplate, build_memory, dataset_features
 from clbench.petl import METHODS, MethodArgs, PETLSet, PETLViT, ViTShape, build_method, inject
 from clbench.petl.methods import unused_fields
-from clbench.privacy.step import PrivateTraining, mark_private
+from clbench.privacy.step import PrivateTraining
 from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
 from clbench.registry import MODELS, STRATEGIES
 from clbench.training import OPTIMIZERS
@@ -195,7 +195,6 @@ class PETLStrategy(StrategyBase):
 
     method: ClassVar[str] = ""
     summary: ClassVar[str] = ""
-    private: ClassVar[bool] = False        # meets the dp contract (clbench.privacy.step.PRIVATE_STRATEGIES)
     Config = PETLStrategyConfig
     PRESETS = PRESETS
 
@@ -406,8 +405,6 @@ def _register() -> None:
             cls = type(f"{title}{base.__name__}", (base,), {"method": method, "__module__": __name__,
                                                           "__doc__": f"{base.summary} {doc}", "Config": config})
             STRATEGIES.register(method + suffix)(cls)
-            if base.private:
-                mark_private(method + suffix)
 
 
 _register()

@@ -95,6 +95,7 @@ class SequentialRecommender(StrategyBase):
     """SASRec-style next-item transformer, shared embeddings, vanilla attention or Re-Attention."""
 
     Config = SeqRecConfig
+    private = True          # one call per period, loss a batch mean; periods sharing users: share_samples (dp)
     PRESETS = {"cpu": {"epochs": 10, "batch_size": 128, "lr": 1e-2}, "full": {}}
 
     def __init__(self, info: ScenarioInfo, device: torch.device, config: SeqRecConfig) -> None:

@@ -363,16 +363,21 @@ class TaftShards(_TangentMembers):
     """Tangent models on ``n_shards`` disjoint shards of every experience, composed; forgets by subtraction."""
 
     Config: ClassVar[type] = ShardedTangentConfig
+    private = True                         # each training call uses its own data, the loss is a batch mean (dp)
 
 
 @STRATEGIES.register("taft")
 class Taft(_TangentMembers):
     """Tangent Model Composition for continual learning: one ``Δ_t`` per experience, deployed ``compose(Δ_1..Δ_t)``."""
 
+    private = True                         # each training call uses its own data, the loss is a batch mean (dp)
+
 
 @STRATEGIES.register("model_soup")
 class ModelSoup(_TailMembers):
     """Weight averaging of non-linear members trained from the same ``w0`` (Wortsman et al., 2022)."""
+
+    private = True                         # each training call uses its own data, the loss is a batch mean (dp)
 
     def _refresh(self) -> None:
         self.deployed = copy.deepcopy(self.tail0).eval()
@@ -390,6 +395,7 @@ class Sisa(_TailMembers):
     """SISA (Bourtoule et al., 2021): one non-linear model per shard, outputs averaged with the member weights."""
 
     Config: ClassVar[type] = SisaConfig
+    private = True                         # each training call uses its own data, the loss is a batch mean (dp)
 
     def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:
         super().__init__(info, device, config)
@@ -420,6 +426,7 @@ class Nlft(PrefixFineTuning):
     composition and no shard structure (exact removal would mean retraining from scratch)."""
 
     Config: ClassVar[type] = NonlinearConfig
+    private = True                         # each training call uses its own data, the loss is a batch mean (dp)
     # cpu_sgd: the authors' NLFT optimizer (SGD lr 1e-2, weight decay 1e-4; momentum 0.9, this code's SGD default)
     PRESETS: ClassVar[dict[str, dict]] = {**PrefixFineTuning.PRESETS,
                                           "cpu_sgd": {**CPU, "optimizer": "sgd", "lr": 1e-2, "weight_decay": 1e-4}}

@@ -26,7 +26,8 @@ from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multip
 from clbench.privacy.reattention import ErrorPrior, ErrorTracking
 from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
-from clbench.privacy.step import PRIVATE_STRATEGIES, DPConfig, PrivateTraining, TrainingCall, check_private_strategy
+from clbench.privacy.step import DPConfig, PrivateTraining, TrainingCall, check_private_strategy
+from clbench.registry import STRATEGIES, load_plugins
 
 
 @pytest.fixture(autouse=True)
@@ -97,14 +98,15 @@ def test_dp_arguments_reach_the_budget_in_order_with_the_documented_defaults():
 
 
 def test_strategies_that_reuse_samples_are_refused_and_private_ones_accepted():
-    """The allow-list, once the strategy modules have declared theirs: the seven built-in ones and every PETL
-    method's shared and ``_merge`` strategies, not ``_per_task`` (noise-free prototypes); replay and a per-task PETL
-    strategy are refused with the exact line listing them; each listed one is accepted; catches an inverted check,
-    a missing or extra declaration or an altered message."""
-    check_private_strategy("naive")                              # loads the strategy modules
+    """The strategies whose class declares ``private = True`` (the contract's attribute): the seven built-in ones
+    and every PETL method's shared and ``_merge`` strategies, not ``_per_task`` (noise-free prototypes); replay and
+    a per-task PETL strategy are refused with the exact line listing them; each listed one is accepted; catches an
+    inverted check, a missing or extra declaration or an altered message."""
+    load_plugins()
     petl = {method + variant for method in METHODS.names() for variant in ("", "_merge")}
     expected = sorted({"model_soup", "naive", "nlft", "seqrec", "sisa", "taft", "taft_shards"} | petl)
-    assert sorted(PRIVATE_STRATEGIES) == expected and "lora_per_task" not in PRIVATE_STRATEGIES
+    assert sorted(n for n in STRATEGIES.names() if STRATEGIES.get(n).private) == expected
+    assert STRATEGIES.get("lora_per_task").private is False
     for name in expected:
         check_private_strategy(name)
     for name in ("replay", "lora_per_task"):

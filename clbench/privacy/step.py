@@ -18,7 +18,8 @@ book-kept from the same ``A``, ``G`` without per-sample gradients::
 CONTRACT with the loop: its loss is the MEAN over the batch's samples of per-sample losses (plus batch-independent
 terms), and each sample's data touches only its own training call (experience or shard): the privacy of a sample
 is then that of the one call that used it (parallel composition over disjoint data), and the run's ε is the largest
-ε over its training calls. Strategies known to train that way are :data:`PRIVATE_STRATEGIES`; the suite loader
+ε over its training calls. Strategies known to train that way declare it on their class (``private = True``, part
+of the strategy contract, :class:`clbench.protocol.StrategyBase`); the suite loader
 refuses ``dp`` on the others (replay and joint training reuse samples across calls). A strategy whose calls all use
 the same samples (a user's data in every time period) says so (:meth:`PrivateTraining.share_samples`): the run's ε
 is then the composition of all its calls (sequential composition, RDP), and each call's σ is calibrated so that the
@@ -53,20 +54,7 @@ from clbench.privacy.reattention import ErrorPrior, ErrorTracking, with_noise
 from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.tape import Tape
-from clbench.registry import load_plugins
-
-PRIVATE_STRATEGIES: set[str] = {"naive", "taft", "taft_shards", "nlft", "model_soup", "sisa", "seqrec"}
-"""Strategies whose training calls each use their own disjoint data (one experience, or one shard of it) and whose
-loss is a batch mean: the ``dp`` contract above holds. Add a strategy here (:func:`mark_private`, from its own
-module) only after checking both. (``seqrec`` on a scenario of several periods, where a user's items come back as
-history, declares its calls as sharing samples (:meth:`PrivateTraining.share_samples`); the PETL module adds its
-shared and ``_merge`` strategies, and the shared ones refuse ``dp`` with a rehearsal memory.)"""
-
-
-def mark_private(*names: str) -> None:
-    """Declare strategies that meet the ``dp`` contract (called by strategy modules when they register them)."""
-    PRIVATE_STRATEGIES.update(names)
-
+from clbench.registry import STRATEGIES, load_plugins
 
 CLIPPING: dict[str, Callable[[Tensor, float, float], Tensor]] = {
     "flat": lambda norms, clip, gamma: (clip / (norms + 1e-6)).clamp(max=1.0),
@@ -107,13 +95,15 @@ class DPConfig:
 
 
 def check_private_strategy(strategy: str) -> None:
-    """Refuse ``dp`` for a strategy not in :data:`PRIVATE_STRATEGIES` (its ε would be wrong); the strategy modules
-    are loaded first, so that their own declarations count."""
-    load_plugins()
-    if strategy not in PRIVATE_STRATEGIES:
+    """Refuse ``dp`` for a strategy whose class does not declare ``private = True`` (its ε would be wrong): a private
+    strategy's training calls each use their own disjoint data (one experience, or one shard of it) and its loss is a
+    batch mean (the contract above); the refusal lists the private ones (every strategy module is loaded for it)."""
+    if not STRATEGIES.get(strategy).private:
+        load_plugins()
+        private = sorted(name for name in STRATEGIES.names() if STRATEGIES.get(name).private)
         raise PrivacyBudgetError(f"dp: strategy {strategy!r} is not known to use each sample in one training call "
                                  f"only, so its epsilon cannot be accounted; private strategies: "
-                                 f"{', '.join(sorted(PRIVATE_STRATEGIES))}.")
+                                 f"{', '.join(private)}.")
 
 
 @dataclass
@@ -304,5 +294,4 @@ class PrivateTraining(Callback):
         return {"epsilon": max(spent), "noise_multiplier": max(c.sigma for c in calls), "delta": self.delta}
 
 
-__all__ = ["CLIPPING", "DPConfig", "PRIVATE_STRATEGIES", "PrivateTraining", "TrainingCall",
-           "check_private_strategy", "mark_private"]
+__all__ = ["CLIPPING", "DPConfig", "PrivateTraining", "TrainingCall", "check_private_strategy"]
