@@ -1,8 +1,8 @@
 """Evaluators owned by scenarios: one routine per kind of task, the same for every strategy.
 
 An evaluator is called after each training step ``i`` and returns row ``i`` of each of its score matrices
-(:class:`Scores`); its :class:`~clbench.metrics.MetricSpec` s tell the runner, the leaderboard and the plots what the
-matrices mean.
+(:class:`~clbench.protocol.Scores`, part of the evaluator contract); its :class:`~clbench.metrics.MetricSpec` s tell
+the runner, the leaderboard and the plots what the matrices mean.
 
 - :class:`AccuracyEvaluator` (classification; class-, task- and domain-incremental): ``accuracy``.
 - :class:`RankingEvaluator` (next-item recommendation): ``ndcg@k`` and ``hit@k`` over the full item catalogue.
@@ -10,23 +10,13 @@ matrices mean.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
 from clbench.errors import NonFiniteLossError
 from clbench.metrics import ACCURACY, MetricSpec
-from clbench.protocol import ClassificationInfo, Scenario, StrategyBase, StrategyContractError, checked
-
-
-@dataclass
-class Scores:
-    """Row ``step`` of every matrix (``rows[metric][j]`` for test experience ``j``) and the test sizes ``n_j``."""
-
-    rows: dict[str, list[float]]
-    sizes: list[int]
+from clbench.protocol import ClassificationInfo, Scenario, Scores, StrategyBase, StrategyContractError, checked
 
 
 def _scores(strategy: StrategyBase, x: Tensor, t: Tensor, device: torch.device, columns: range, where: str) -> Tensor:

@@ -45,7 +45,6 @@ from torch import Tensor, nn
 from clbench.callbacks import CallbackList
 
 if TYPE_CHECKING:
-    from clbench.evaluation import Scores
     from clbench.metrics import MetricSpec
 
 
@@ -113,6 +112,15 @@ class ClassificationInfo(ScenarioInfo):
         if self.domain_incremental:
             return max(self.classes_per_experience[: t + 1])
         return sum(self.classes_per_experience[: t + 1])
+
+
+@dataclass
+class Scores:
+    """What an evaluator returns after step ``step``: row ``step`` of every matrix (``rows[metric][j]`` for test
+    experience ``j``) and the test sizes ``n_j``."""
+
+    rows: dict[str, list[float]]
+    sizes: list[int]
 
 
 class Evaluator(Protocol):

@@ -1,5 +1,6 @@
-"""The package is layered: no import cycle between clbench modules (module-level imports; a function-level import
-is a deliberate late binding and not followed)."""
+"""The package is layered: no import cycle between clbench modules, counting every import statement — at module
+level, inside functions (a late binding is still an arrow a reader must follow) and under ``if TYPE_CHECKING:``
+(a typing-only arrow too: the module's types depend on the other's)."""
 
 import ast
 from pathlib import Path
@@ -16,25 +17,31 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def imports_of(source: str, package: str, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``source`` (a module of ``package``) imports anywhere: at module level, in
+    functions, under ``if TYPE_CHECKING:``; ``from pkg import sub`` depends on ``pkg.sub`` when that is a module, on
+    ``pkg`` otherwise."""
+    deps = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            deps |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            subs = {f"{base}.{a.name}" for a in node.names} & modules
+            deps |= subs or {base}
+    return deps & modules
+
+
 def import_graph() -> dict[str, set[str]]:
-    """``{module: clbench modules it imports at module level}``; ``from pkg import sub`` depends on ``pkg.sub``
-    when that is a module, on ``pkg`` otherwise."""
+    """``{module: clbench modules it imports anywhere in its source}``."""
     modules = {_module_name(p): p for folder in FOLDERS for p in folder.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        deps = set()
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                subs = {f"{base}.{a.name}" for a in node.names} & modules.keys()
-                deps |= subs or {base}
-        graph[name] = {d for d in deps if d in modules and d != name}
+        graph[name] = imports_of(path.read_text(), package, set(modules)) - {name}
     return graph
 
 
@@ -71,3 +78,18 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     graph = {**import_graph(), "clbench.registry": {"clbench.runner"}}      # runner imports registry already
     cycle = find_cycle(graph)
     assert cycle is not None and cycle[0] == cycle[-1] and "clbench.registry" in cycle
+
+
+def test_imports_inside_functions_and_type_checking_blocks_are_arrows():
+    """A late binding in a function and a typing-only import count like a module-level one (a circle through them
+    is still a circle)."""
+    source = """
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from clbench.metrics import MetricSpec
+def f():
+    from clbench.models import vit
+    import clbench.runner
+"""
+    known = {"clbench.metrics", "clbench.models", "clbench.models.vit", "clbench.runner", "clbench.registry"}
+    assert imports_of(source, "clbench", known) == {"clbench.metrics", "clbench.models.vit", "clbench.runner"}
