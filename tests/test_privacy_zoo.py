@@ -1,8 +1,9 @@
-"""Private training of transformers written the usual PyTorch way: per-sample gradient norms (clbench.privacy) of
-models built from nn.TransformerEncoderLayer / nn.TransformerDecoderLayer / nn.MultiheadAttention and bare
-nn.Parameters (positional tables, class tokens) against torch.func's vmap(grad) per-sample gradients in float64;
-the traced attention forward against torch's (outputs, weights, state dicts); one full private step through the dp
-callback against a naive per-sample clip-and-sum; the refusals of bare parameters used otherwise."""
+"""Private training of transformers written the usual PyTorch way (the zoo of tests/_transformer_zoo.py): per-sample
+gradient norms (clbench.privacy) of models built from nn.TransformerEncoderLayer / nn.TransformerDecoderLayer /
+nn.MultiheadAttention and bare nn.Parameters (positional tables, class tokens) against torch.func's vmap(grad)
+per-sample gradients in float64; the traced attention forward against torch's (outputs, weights, state dicts); one
+full private step through the dp callback against a naive per-sample clip-and-sum; the refusals of bare parameters
+used otherwise."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from torch import nn
 
 from clbench.privacy import UnsupportedLayerError, per_sample_grad_norms
 from clbench.privacy.tape import Tape
+from tests._transformer_zoo import ZOO, Encoder, Sizes, ViT, ids, images, labels
 from tests.test_privacy_dp import per_sample_grads, private_callback
 from tests.test_privacy_norms import RTOL, ce, vmap_norms
 
 pytestmark = pytest.mark.usefixtures("float64")
 
-V, T, D, HEADS = 11, 6, 8, 2
+SIZES = Sizes()
+T, D, HEADS = SIZES.length, SIZES.dim, SIZES.heads
 
 
 def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -30,125 +33,16 @@ def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
     return model.train()
 
 
-def _layer(batch_first: bool, **kw) -> nn.TransformerEncoderLayer:
-    return nn.TransformerEncoderLayer(D, HEADS, dim_feedforward=12, dropout=0.0, batch_first=batch_first, **kw)
-
-
-class Encoder(nn.Module):
-    """Token ids ``(B, T)`` -> embedding + positional table (a bare parameter) -> nn.TransformerEncoder -> mean ->
-    linear head. ``batch_first=False``: the encoder runs on ``(T, B, D)`` (transposed in and out)."""
-
-    def __init__(self, batch_first: bool, padding: bool = False, **kw) -> None:
-        super().__init__()
-        self.batch_first, self.padding = batch_first, padding
-        self.embed = nn.Embedding(V, D)
-        self.pos = nn.Parameter(torch.zeros(1, T, D))
-        self.encoder = nn.TransformerEncoder(_layer(batch_first, **kw), num_layers=2, enable_nested_tensor=False)
-        self.head = nn.Linear(D, 3)
-
-    def forward(self, ids):
-        x = self.embed(ids) + self.pos[:, :ids.shape[1]]
-        mask = ids == 0 if self.padding else None
-        h = self.encoder(x, src_key_padding_mask=mask) if self.batch_first else \
-            self.encoder(x.transpose(0, 1), src_key_padding_mask=mask).transpose(0, 1)
-        return self.head(h.mean(1))
-
-
-class TiedLM(nn.Module):
-    """A causal language model with tied input/output embeddings: logits ``(B, T, V)`` = ``E h``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(V, D)
-        self.pos = nn.Parameter(torch.zeros(T, D))
-        self.encoder = nn.TransformerEncoder(_layer(True, norm_first=True), num_layers=1, enable_nested_tensor=False)
-        self.out = nn.Linear(D, V, bias=False)
-        self.out.weight = self.embed.weight
-
-    def forward(self, ids):
-        causal = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
-        return self.out(self.encoder(self.embed(ids) + self.pos, mask=causal, is_causal=True))
-
-
-class Decoder(nn.Module):
-    """nn.TransformerDecoderLayer over target tokens with a memory computed from input features."""
-
-    def __init__(self, batch_first: bool = True) -> None:
-        super().__init__()
-        self.batch_first = batch_first
-        self.embed = nn.Embedding(V, D)
-        self.memory = nn.Linear(5, D)
-        self.decoder = nn.TransformerDecoderLayer(D, HEADS, dim_feedforward=12, dropout=0.0, batch_first=batch_first)
-        self.head = nn.Linear(D, 3)
-
-    def forward(self, inputs):
-        ids, feats = inputs[..., 0].long(), inputs[..., 1:]
-        tgt, memory = self.embed(ids), self.memory(feats)
-        causal = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
-        if not self.batch_first:
-            tgt, memory = tgt.transpose(0, 1), memory.transpose(0, 1)
-        h = self.decoder(tgt, memory, tgt_mask=causal)
-        return self.head((h if self.batch_first else h.transpose(0, 1))[:, -1])
-
-
-class ViT(nn.Module):
-    """A ViT as in tutorials: patch Conv2d, class token and positional table as bare parameters of the model,
-    pre-norm nn.TransformerEncoder, head on the class token."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.patch = nn.Conv2d(3, D, 4, stride=4)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
-        self.pos_embed = nn.Parameter(torch.zeros(1, 5, D))
-        self.encoder = nn.TransformerEncoder(_layer(True, norm_first=True, activation="gelu"), num_layers=2,
-                                             enable_nested_tensor=False)
-        self.norm, self.head = nn.LayerNorm(D), nn.Linear(D, 3)
-
-    def forward(self, x):
-        tokens = self.patch(x).flatten(2).transpose(1, 2)
-        tokens = torch.cat([self.cls_token.expand(len(x), -1, -1), tokens], dim=1) + self.pos_embed
-        return self.head(self.norm(self.encoder(tokens))[:, 0])
-
-
-def _ids(b: int = 4, seed: int = 1, padded: bool = False) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, V, (b, T), generator=g)
-    if padded:
-        ids[0, -2:] = 0                                           # sample 0 ends with two padding tokens
-    return ids
-
-
-def _labels(b: int = 4, classes: int = 3) -> torch.Tensor:
-    return torch.arange(b) % classes
-
-
-def _decoder_inputs(b: int = 4) -> torch.Tensor:
-    g = torch.Generator().manual_seed(2)
-    return torch.cat([torch.randint(0, V, (b, T, 1), generator=g).double(), torch.randn(b, T, 5, generator=g)], -1)
-
-
-def _images(b: int = 4) -> torch.Tensor:
-    return torch.randn(b, 3, 8, 8, generator=torch.Generator().manual_seed(3))
-
-
-ZOO = {
-    "encoder_batch_first": (lambda: Encoder(True), _ids, _labels),
-    "encoder_sequence_first": (lambda: Encoder(False), _ids, _labels),
-    "encoder_norm_first_padding_mask": (lambda: Encoder(True, padding=True, norm_first=True),
-                                        lambda: _ids(padded=True), _labels),
-    "tied_causal_lm": (TiedLM, _ids, lambda: _ids(seed=4)),
-    "decoder_batch_first": (lambda: Decoder(True), _decoder_inputs, _labels),
-    "decoder_sequence_first": (lambda: Decoder(False), _decoder_inputs, _labels),
-    "vit_cls_token_pos_table": (ViT, _images, _labels),
-}
+def _labels(b: int = 4) -> torch.Tensor:
+    return labels(SIZES, b)
 
 
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_norms_match_vmap(name):
     """Every parameter of the model (attention projections, bare tables and tokens, tied embeddings) gets its
     per-sample gradient norm from one forward and one backward, equal to vmap's per-sample gradients."""
-    build, inputs, labels = ZOO[name]
-    model, x, y = _randomize(build()), inputs(), labels()
+    build, inputs, targets = ZOO[name]
+    model, x, y = _randomize(build(SIZES)), inputs(SIZES, 4), targets(SIZES, 4)
     ours = per_sample_grad_norms(model, ce, x, y)
     ref = vmap_norms(model, ce, x, y)
     assert torch.all(ref > 0)
@@ -224,8 +118,8 @@ def test_self_and_cross_attention_through_one_module_include_the_cross_terms():
 def test_evaluation_runs_torchs_own_attention():
     """Under no_grad (evaluation, where torch may take its fused fast path) the tape's forward is torch's own, so
     evaluation is unchanged: equal outputs with and without the tape."""
-    model = _randomize(Encoder(True)).eval()
-    x = _ids()
+    model = _randomize(Encoder(SIZES, True)).eval()
+    x = ids(SIZES, 4)
     with torch.no_grad():
         plain = model(x)
         with Tape(model):
@@ -236,8 +130,8 @@ def test_evaluation_runs_torchs_own_attention():
 def test_private_step_through_the_dp_callback_on_a_transformer():
     """The dp callback on the ViT of the zoo (bare class token and table, nn.TransformerEncoderLayer): with the
     noise off, the private gradient equals Σ_i C_i g_i / B̄ with C_i from naive per-sample gradients."""
-    model, clip = _randomize(ViT()), 1.4
-    x, y = _images(6), _labels(6)
+    model, clip = _randomize(ViT(SIZES)), 1.4
+    x, y = images(SIZES, 6), _labels(6)
     params, grads = per_sample_grads(model, x, y)
     norms = torch.stack([sum(t.square().sum() for t in gi).sqrt() for gi in grads])
     assert (norms > clip).any() and (norms < clip).any()
