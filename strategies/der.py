@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from clbench.cl import MEMORIES, Memory, Phase, PhasedStrategy, PhasedTemplate, balanced_finetuning, build_memory
+from clbench.cl import MEMORIES, Memory, Phase, PhasedStrategy, PhasedTemplate, balanced_finetuning
 from clbench.models.channel_masks import (
     add_gates,
     annealed_scale,
@@ -271,15 +271,19 @@ class DER(PhasedStrategy):
     Config = DERConfig
     PRESETS = PRESETS
 
-    def __init__(self, info: ClassificationInfo, device: torch.device | str, config: DERConfig) -> None:
-        super().__init__(info, device, config)
-        self.model = DERNet(partial(self._first_extractor, info, config), config.copy_old_classifier)
-        if config.prune:                              # a backbone that cannot be pruned fails before any training
-            self._first_extractor(info, config)
-        self.memory = build_memory(config.memory, config.mem_size)
-        self.feature_batch_size = config.eval_batch_size
-        self.use_template(DERTemplate(model=self.model, info=info, config=config, memory=self.memory,
-                                      device=self.device))
+    def build_model(self) -> DERNet:
+        model = DERNet(partial(self._first_extractor, self.info, self.config), self.config.copy_old_classifier)
+        if self.config.prune:                         # a backbone that cannot be pruned fails before any training
+            self._first_extractor(self.info, self.config)
+        return model
+
+    def build_template(self) -> DERTemplate:
+        return DERTemplate(model=self.model, info=self.info, config=self.config, memory=self.memory,
+                           device=self.device)
+
+    @property
+    def feature_batch_size(self) -> int:
+        return self.config.eval_batch_size
 
     @staticmethod
     def _first_extractor(info: ClassificationInfo, config: DERConfig) -> nn.Module:

@@ -51,7 +51,6 @@ from clbench.cl import (
     PhasedStrategy,
     PhasedTemplate,
     balanced_finetuning,
-    build_memory,
     mixup,
     soft_targets,
 )
@@ -297,13 +296,17 @@ class DyTox(PhasedStrategy):
     Config = DyToxConfig
     PRESETS = PRESETS
 
-    def __init__(self, info: ScenarioInfo, device: torch.device | str, config: DyToxConfig) -> None:
-        super().__init__(info, device, config)
-        self.model = DyToxNet(replace(ARCHS[config.arch], **config.arch_overrides), info.input_shape).to(self.device)
-        self.memory = build_memory(config.memory, config.mem_size)
-        self.feature_batch_size = 2 * config.batch_size
-        self.use_template(DyToxTemplate(model=self.model, info=info, config=config, memory=self.memory,
-                                        device=self.device))
+    def build_model(self) -> DyToxNet:
+        arch = replace(ARCHS[self.config.arch], **self.config.arch_overrides)
+        return DyToxNet(arch, self.info.input_shape).to(self.device)
+
+    def build_template(self) -> DyToxTemplate:
+        return DyToxTemplate(model=self.model, info=self.info, config=self.config, memory=self.memory,
+                             device=self.device)
+
+    @property
+    def feature_batch_size(self) -> int:
+        return 2 * self.config.batch_size
 
     def train(self, experience) -> None:
         t = experience.current_experience

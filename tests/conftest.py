@@ -46,3 +46,20 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+@pytest.fixture
+def registered():
+    """``registered(REGISTRY, name, factory)`` registers a test entry (checked as any registration is) and takes it
+    back after the test, so that a test can run twice in one process (as mutation tools run them)."""
+    added = []
+
+    def register(registry, name, factory):
+        registry.register(name)(factory)
+        added.append((registry, name))
+        return factory
+
+    yield register
+    for registry, name in added:
+        registry._entries.pop(name, None)
+        registry.origins.pop(name, None)

@@ -91,7 +91,7 @@ def test_non_finite_loss_fails_every_loop_with_the_same_error(name, tmp_path):
                     r"learning rate", record.reason), record.reason
 
 
-def test_fit_fires_hooks_in_order_and_the_guard_stops_a_nan_loss():
+def test_fit_fires_hooks_in_order_and_the_guard_stops_a_nan_loss(registered):
     calls = []
 
     class Record(Callback):
@@ -107,7 +107,7 @@ def test_fit_fires_hooks_in_order_and_the_guard_stops_a_nan_loss():
         def after_step(self, optimizer):
             calls.append(("step", optimizer.param_groups[0]["lr"]))
 
-    CALLBACKS.register("test_record")(Record)
+    registered(CALLBACKS, "test_record", Record)
     callbacks = CallbackList.build([CallbackSpec("test_record")], CallbackContext())
     model = torch.nn.Linear(1, 1, bias=False)
     torch.nn.init.ones_(model.weight)

@@ -105,7 +105,7 @@ def test_registration_refuses_a_class_that_breaks_the_contract(make, message):
     check_strategy("x", _Good)          # the well-formed one passes
 
 
-def test_wrong_return_type_fails_the_run_naming_the_strategy(tmp_path):
+def test_wrong_return_type_fails_the_run_naming_the_strategy(tmp_path, registered):
     from clbench.config import RunSpec, ScenarioEntry, StrategyEntry
     from clbench.runner import execute
 
@@ -113,7 +113,7 @@ def test_wrong_return_type_fails_the_run_naming_the_strategy(tmp_path):
         def num_parameters(self):
             return 5
 
-    STRATEGIES.register("test_int_count")(IntCount)
+    registered(STRATEGIES, "test_int_count", IntCount)
     record = execute(RunSpec("t", ScenarioEntry("synthetic", SYNTHETIC), StrategyEntry("test_int_count"), 0, "cpu"))
     assert record.status == "failed"
     assert record.reason == ("StrategyContractError: IntCount.num_parameters() returned int, expected ParamCount "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from avalanche.training.plugins import EvaluationPlugin
@@ -24,8 +25,8 @@ from torch import Tensor, nn
 from clbench.callbacks import bridge
 from clbench.cl.data import dataset_features
 from clbench.cl.finetune import Phase, freeze
-from clbench.cl.memory import Memory
-from clbench.protocol import ParamCount, StrategyBase
+from clbench.cl.memory import Memory, build_memory
+from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
 
 
 class PhasedTemplate(SupervisedTemplate):
@@ -107,20 +108,27 @@ class PhasedTemplate(SupervisedTemplate):
 
 class PhasedStrategy(StrategyBase):
     """A class-incremental strategy trained through a :class:`PhasedTemplate` (task labels are ignored;
-    :meth:`predict` scores every class seen so far). A subclass sets ``self.model`` (its output has ``.logits``,
-    ``(B, |C_1:t|)``), ``self.memory``, calls :meth:`use_template` and defines :meth:`features` (the herding
-    features) and ``feature_batch_size`` (the batch size of :meth:`dataset_features`)."""
+    :meth:`predict` scores every class seen so far), with a rehearsal memory of kind ``config.memory`` and budget
+    ``config.mem_size``. Built in this order: :meth:`build_model` (its output has ``.logits``, ``(B, |C_1:t|)``),
+    the memory, :meth:`build_template` (bridged to the strategy's callbacks). A subclass also defines
+    :meth:`features` (the herding features) and ``feature_batch_size`` (the batch size of :meth:`dataset_features`)."""
 
     offline = False
-    model: nn.Module
-    memory: Memory
-    template: PhasedTemplate
     feature_batch_size: int
 
-    def use_template(self, template: PhasedTemplate) -> None:
-        """Train through ``template``; the strategy's callbacks fire inside it."""
-        self.template = template
-        bridge(template, self.callbacks)
+    def __init__(self, info: ScenarioInfo, device: torch.device | str, config: Any) -> None:
+        super().__init__(info, device, config)
+        self.model = self.build_model()
+        self.memory = build_memory(config.memory, config.mem_size)
+        self.template = self.build_template()
+        bridge(self.template, self.callbacks)
+
+    def build_model(self) -> nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} must define build_model()")
+
+    def build_template(self) -> PhasedTemplate:
+        """The template training ``self.model`` with ``self.memory``."""
+        raise NotImplementedError(f"{type(self).__name__} must define build_template()")
 
     def features(self, x: Tensor) -> Tensor:
         """Herding features of a batch ``x``: ``(B, D)``."""
