@@ -3,6 +3,9 @@
 # make test  : create .venv if needed, install, run the test suite
 # make lint  : ruff
 # make mutation : mutmut over the core modules, score per module + surviving mutants (docs/testing.md; slow)
+# make lists : after changing a shipped strategy/scenario/model/callback/command module: rewrite the registries'
+#              index (clbench/plugin_index.json, read by `clbench --help`/`list` instead of importing the modules)
+#              and README's generated lists (tests/test_cli.py and tests/test_registry.py compare both)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,13 +17,13 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # torch is pinned to the tested build; pip takes it from the local wheel cache where one exists
 TORCH := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: bench test lint mutation venv clean-venv
+.PHONY: bench test lint mutation lists venv clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[dev,dp]"
+	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -32,10 +35,14 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 -p no:cacheprovider tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check clbench tests benchmarks run_bench.py
+	$(VENV)/bin/ruff check clbench examples tests benchmarks run_bench.py
 
 mutation: $(STAMP)
 	$(PY) tests/mutation_report.py --survivors
+
+lists: $(STAMP)
+	$(PY) -c "from clbench.registry import write_index; write_index()"
+	$(PY) -m clbench list --readme README.md
 
 clean-venv:
 	rm -rf $(VENV)

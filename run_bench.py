@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""clbench command line: run suites, list registries, rebuild leaderboards. See `python run_bench.py --help`."""
+"""clbench command line from a clone (the same as the installed ``clbench`` and ``python -m clbench``): run suites,
+list registries, rebuild leaderboards. See `python run_bench.py --help`."""
 
 import sys
 

@@ -8,7 +8,9 @@ A run's hook sequence, whatever the loop::
         after_forward(loss)                      # the full training loss (scalar), every term added
         after_backward(model)                    # gradients present, before the optimizer step
         after_step(optimizer)                    # parameters updated
-        ...                                      # once per minibatch, over every epoch and training phase
+        ...                                      # once per minibatch
+        on_epoch_end(epoch)                      # after each epoch of a training call (0-based within the call)
+        ...                                      # over every epoch and training phase
     on_experience_end(t)
 
 Before a training call's first batch (each :func:`~clbench.training.fit` call, each Avalanche experience) the loop
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +43,15 @@ from avalanche.training.plugins import SupervisedPlugin
 from torch import Tensor, nn
 
 from clbench.errors import NonFiniteLossError
-from clbench.registry import Registry
+from clbench.registry import CALLBACKS
 
-CALLBACKS: Registry = Registry("callback")
+# clbench scores strategies with its own evaluators: Avalanche templates get an EvaluationPlugin without loggers on
+# purpose, and its "No loggers specified" warning would print for every run
+warnings.filterwarnings("ignore", message="No loggers specified")
+
+BATCH_HOOKS_FIRED = {"on_batch_start": 0}
+"""Batches started by every :class:`CallbackList` of this process (:func:`clbench.protocol.hooks_checked` compares
+them with the optimizer steps taken)."""
 
 C = TypeVar("C", bound="Callback")
 
@@ -93,6 +102,8 @@ class Callback:
     def after_backward(self, model: nn.Module) -> None: ...
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def on_epoch_end(self, epoch: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -146,6 +157,7 @@ class CallbackList(Callback):
             c.on_experience_end(experience)
 
     def on_batch_start(self, x: Tensor, y: Tensor) -> None:
+        BATCH_HOOKS_FIRED["on_batch_start"] += 1
         for c in self.callbacks:
             c.on_batch_start(x, y)
 
@@ -163,6 +175,10 @@ class CallbackList(Callback):
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         for c in self.callbacks:
             c.after_step(optimizer)
+
+    def on_epoch_end(self, epoch: int) -> None:
+        for c in self.callbacks:
+            c.on_epoch_end(epoch)
 
     def close(self) -> None:
         for c in self.callbacks:
@@ -190,6 +206,7 @@ class CallbackPlugin(SupervisedPlugin):
 
     def before_training_exp(self, strategy, **kwargs) -> None:
         """Offer the callbacks the experience's minibatch sampling (after the template built its data loader)."""
+        self.epoch = 0
         plan = self.callbacks.batch_sampler(len(strategy.adapted_dataset), strategy.train_mb_size,
                                             strategy.train_epochs)
         if plan is not None:
@@ -206,6 +223,10 @@ class CallbackPlugin(SupervisedPlugin):
 
     def after_update(self, strategy, **kwargs) -> None:
         self.callbacks.after_step(strategy.optimizer)
+
+    def after_training_epoch(self, strategy, **kwargs) -> None:
+        self.callbacks.on_epoch_end(self.epoch)
+        self.epoch += 1
 
 
 class _PlannedBatches(torch.utils.data.Sampler):

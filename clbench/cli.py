@@ -1,21 +1,24 @@
-"""``run_bench.py``: run a suite, list the registries, rebuild a leaderboard, and the commands plugins register.
+"""``clbench`` (also ``python -m clbench`` and ``python run_bench.py``): run a suite, list the registries, rebuild
+a leaderboard, and the commands plugins register.
 
 ::
 
-    python run_bench.py --suite quick                       # run (the default command); resumes
-    python run_bench.py --suite cifar100 --strategy replay --seeds 0 1 --device cuda --amp
-    python run_bench.py list [--markdown]                  # scenarios, strategies, models, suites
-    python run_bench.py leaderboard --out results/quick    # rebuild CSV/markdown/plots/report.md from records
-    python run_bench.py report --out results/quick         # the same; prints where report.md is
+    clbench --suite quick                                  # run (the default command); resumes
+    clbench --suite cifar100 --strategy replay --seeds 0 1 --device cuda --amp
+    clbench --plugins my_methods.py --suite my_suite.yaml  # with a strategy of your own (see clbench.registry)
+    clbench list [--markdown]                              # scenarios, strategies, models, callbacks, suites
+    clbench leaderboard --out results/quick                # rebuild CSV/markdown/plots/report.md from records
+    clbench report --out results/quick                     # the same; prints where report.md is
 
-A feature module adds a sub-command by registering a :class:`Command` in ``clbench.registry.COMMANDS``.
+A feature module adds a sub-command by registering a :class:`Command` in ``clbench.registry.COMMANDS``. Only the
+chosen command's module is imported (and torch only by the commands that train): ``--help`` and ``list`` read the
+registries' index.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import logging
 import os
 import sys
@@ -24,14 +27,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import yaml
 
-from clbench import progress
+from clbench import __version__
 from clbench import records as record_files
 from clbench.config import ConfigError, build_config, load_suite, shipped_suites
-from clbench.environment import resolve_device
-from clbench.registry import COMMANDS, MODELS, SCENARIOS, STRATEGIES, UNAVAILABLE, UnknownNameError
+from clbench.registry import (
+    CALLBACKS,
+    COMMANDS,
+    MODELS,
+    SCENARIOS,
+    STRATEGIES,
+    UNAVAILABLE,
+    PluginError,
+    Registry,
+    UnknownNameError,
+    load_plugin,
+)
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,9 @@ def _with_init(suite, init: str | None):
 def _run(args: argparse.Namespace) -> int:
     """Everything that can be checked is checked before the first run: the suite, the flags, the device, the
     output folder and the executor; each problem is one line and exit code 2."""
+    import torch
+
+    from clbench.environment import resolve_device
     from clbench.executors import EXECUTORS, plan
 
     suite = _with_init(load_suite(args.suite).select(args.scenario, args.strategy, args.seeds), args.init)
@@ -198,30 +213,61 @@ def _write_leaderboard(out: Path):
 
 
 # ---------------------------------------------------------------------------------------------------------- list
-def _first_line(obj) -> str:
-    return (inspect.getdoc(obj) or "").split("\n")[0]
+LISTED: tuple[tuple[str, Registry], ...] = (("Scenarios", SCENARIOS), ("Strategies", STRATEGIES), ("Models", MODELS),
+                                           ("Callbacks", CALLBACKS))
+README_MARKERS = ("<!-- lists:start -->\n", "<!-- lists:end -->")
+
+
+def list_lines(markdown: bool = False, shipped: bool = False) -> list[str]:
+    """What ``clbench list`` prints: every name of :data:`LISTED` with its one-line summary (shipped names from the
+    registries' index: no module is imported for them), the plugin modules that failed to load, and the shipped
+    suites. ``shipped``: only what ships with clbench (the README's lists)."""
+    fmt = (lambda name, doc: f"- `{name}`: {doc}") if markdown else (lambda name, doc: f"  {name:22s} {doc}")
+    lines = []
+    for title, registry in LISTED:
+        lines.append(f"### {title}" if markdown else f"{title.lower()}:")
+        for name in registry.names():
+            if not shipped or registry.module_of(name).startswith("clbench."):
+                lines.append(fmt(name, _describe(registry, name)))
+        if registry is STRATEGIES and not shipped:
+            lines += [fmt(module, f"UNAVAILABLE: {reason}") for module, reason in sorted(UNAVAILABLE.items())]
+        lines.append("")
+    lines.append("### Suites" if markdown else "suites:")
+    for name, path in sorted(shipped_suites().items()):
+        description = " ".join(str(yaml.safe_load(path.read_text()).get("description", "")).split())
+        lines.append(fmt(name, description.split(". ")[0].rstrip(".") + "."))
+    return lines
+
+
+def _describe(registry: Registry, name: str) -> str:
+    try:
+        return registry.describe(name)
+    except UnknownNameError as exc:          # its module failed to load (listed below the strategies)
+        return f"UNAVAILABLE: {exc}"
+
+
+def write_readme_lists(readme: Path) -> None:
+    """Replace the block between :data:`README_MARKERS` in ``readme`` with the shipped lists (``make lists``)."""
+    text = readme.read_text()
+    head, rest = text.split(README_MARKERS[0])
+    _, tail = rest.split(README_MARKERS[1])
+    readme.write_text(head + README_MARKERS[0] + "\n".join(list_lines(markdown=True, shipped=True)) + "\n"
+                      + README_MARKERS[1] + tail)
 
 
 def _list(args: argparse.Namespace) -> int:
-    fmt = (lambda name, doc: f"- `{name}`: {doc}") if args.markdown else (lambda name, doc: f"  {name:22s} {doc}")
-    print("## Scenarios" if args.markdown else "scenarios:")
-    for name in SCENARIOS.names():
-        print(fmt(name, _first_line(SCENARIOS.get(name))))
-    print("\n## Strategies" if args.markdown else "strategies:")
-    for name in STRATEGIES.names():
-        cls = STRATEGIES.get(name)
-        presets = ", ".join(getattr(cls, "PRESETS", {})) or "none"
-        print(fmt(name, f"{_first_line(cls)} (presets: {presets})"))
-    for module, reason in sorted(UNAVAILABLE.items()):
-        print(fmt(module, f"UNAVAILABLE: {reason}"))
-    print("\n## Models" if args.markdown else "models:")
-    for name in MODELS.names():
-        print(fmt(name, _first_line(MODELS.get(name))))
-    print("\n## Suites" if args.markdown else "suites:")
-    for name, path in sorted(shipped_suites().items()):
-        description = " ".join(str(yaml.safe_load(path.read_text()).get("description", "")).split())
-        print(fmt(name, description.split(". ")[0].rstrip(".") + "."))
+    if args.readme:
+        write_readme_lists(Path(args.readme))
+        print(f"wrote the lists of shipped names into {args.readme}", file=sys.stderr)
+        return 0
+    print("\n".join(list_lines(args.markdown, args.shipped)))
     return 0
+
+
+def _list_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--markdown", action="store_true", help="markdown lists")
+    p.add_argument("--shipped", action="store_true", help="only what ships with clbench (no plugins)")
+    p.add_argument("--readme", metavar="PATH", help="write the shipped lists into PATH's lists block (make lists)")
 
 
 def _show_config(args: argparse.Namespace) -> int:
@@ -250,9 +296,7 @@ def _leaderboard(args: argparse.Namespace) -> int:
 
 
 COMMANDS.register("run")(Command("run a suite (the default command)", _add_run_arguments, _run))
-COMMANDS.register("list")(Command(
-    "list scenarios, strategies, models and suites",
-    lambda p: p.add_argument("--markdown", action="store_true", help="markdown lists (for the README)"), _list))
+COMMANDS.register("list")(Command("list scenarios, strategies, models, callbacks and suites", _list_arguments, _list))
 COMMANDS.register("config")(Command(
     "show a strategy's hyperparameters",
     lambda p: (p.add_argument("name"), p.add_argument("--preset")), _show_config))
@@ -273,33 +317,56 @@ def _common_arguments() -> argparse.ArgumentParser:
     common.add_argument("--quiet-table", action="store_true", help="do not print the leaderboard at the end")
     common.add_argument("--data-root", help="first folder to look for datasets in (before $CLBENCH_DATA)")
     common.add_argument("--download", action="store_true", help="download missing datasets (needs internet)")
+    _plugins_argument(common)
     common.add_argument("-v", "--verbose", action="store_true")
     return common
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="run_bench.py", description=__doc__.split("\n\n")[0],
+def _plugins_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugins", nargs="+", default=[], metavar="MODULE_OR_FILE",
+                        help="import these modules or .py files first: strategies, scenarios, models, callbacks or "
+                             "commands of your own (installed packages declare theirs with an entry point)")
+
+
+def _parser(prog: str, command: str | None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported for its arguments (the others show their help line)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("--version", action="version", version=f"clbench {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="command")
     common = _common_arguments()
     for name in COMMANDS.names():
-        command: Command = COMMANDS.get(name)
-        command.add_arguments(sub.add_parser(name, help=command.help, parents=[common]))
+        subparser = sub.add_parser(name, help=COMMANDS.describe(name), parents=[common])
+        if name == command:
+            COMMANDS.get(name).add_arguments(subparser)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _prog() -> str:
+    """The program's name as the user typed it: ``clbench``, ``run_bench.py`` or ``python -m clbench``."""
+    name = Path(sys.argv[0]).name
+    return "python -m clbench" if name == "__main__.py" else name or "clbench"
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     quiet_third_party_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS.names() and argv[0] not in ("-h", "--help"):
-        argv = ["run", *argv]          # `run_bench.py --suite quick` means `run_bench.py run --suite quick`
-    args = _parser().parse_args(argv)
+    early = argparse.ArgumentParser(add_help=False)
+    _plugins_argument(early)
+    try:
+        for plugin in early.parse_known_args(argv)[0].plugins:      # before the names are read: they may add some
+            load_plugin(plugin)
+        if not argv or argv[0] not in COMMANDS.names() and argv[0] not in ("-h", "--help", "--version"):
+            argv = ["run", *argv]          # `clbench --suite quick` means `clbench run --suite quick`
+        args = _parser(prog or _prog(), argv[0]).parse_args(argv)
+    except (PluginError, UnknownNameError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    progress.set_enabled(not args.quiet)
-    _configure_data(args)
+    _configure_process(args)
     try:
         return COMMANDS.get(args.command).run(args)
-    except (ConfigError, UnknownNameError, FileNotFoundError, record_files.CorruptRecord) as exc:
+    except (ConfigError, UnknownNameError, FileNotFoundError, record_files.CorruptRecord, PluginError) as exc:
         # DatasetNotFound (a missing dataset, or a ChecksumMismatch) included: every run would fail the same way
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -308,10 +375,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _configure_data(args: argparse.Namespace) -> None:
-    from clbench.data import configure
+def _configure_process(args: argparse.Namespace) -> None:
+    """Progress bars and data roots from the common flags. A module not imported yet holds its defaults, which the
+    flags left as they are keep: it is not imported for them (tqdm and numpy would double `list`'s start time)."""
+    if args.quiet or "clbench.progress" in sys.modules:
+        from clbench import progress
 
-    configure(data_root=args.data_root, download=args.download)
+        progress.set_enabled(not args.quiet)
+    if args.data_root is not None or args.download or "clbench.data" in sys.modules:
+        from clbench.data import configure
+
+        configure(data_root=args.data_root, download=args.download)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ or one of its named ``PRESETS`` (``cpu`` for 2-core machines, ``full`` for the p
     suite: quick                       # name; results go to results/<suite>/ by default
     description: ...
     seeds: [0, 1, 2]
+    plugins: [my_methods.py]           # optional: modules or .py files (relative to this file) imported first
     scenarios:
       - name: split_digits             # a SCENARIOS name
         args: {n_experiences: 5}       # keyword arguments of the scenario factory
@@ -40,8 +41,7 @@ from typing import Any
 import yaml
 
 from clbench import typecheck
-from clbench.callbacks import CALLBACKS
-from clbench.registry import MODELS, SCENARIOS, STRATEGIES
+from clbench.registry import CALLBACKS, MODELS, SCENARIOS, STRATEGIES, PluginError, load_plugin
 
 
 class ConfigError(ValueError):
@@ -278,7 +278,7 @@ class SuiteSpec:
 
 
 # ------------------------------------------------------------------------------------------------------ suite files
-SUITE_KEYS = ("suite", "description", "seeds", "scenarios", "strategies")
+SUITE_KEYS = ("suite", "description", "seeds", "plugins", "scenarios", "strategies")
 SCENARIO_KEYS = ("name", "args", "label")
 STRATEGY_KEYS = ("name", "preset", "args", "label", "callbacks", "dp")
 CALLBACK_KEYS = ("name", "args")
@@ -400,11 +400,25 @@ def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...]) -> None:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def _load_plugins(source: str, plugins: Any) -> None:
+    """A suite's ``plugins:`` (modules, or .py files relative to the suite file), imported before its names are
+    checked (:func:`clbench.registry.load_plugin`)."""
+    if not isinstance(plugins, list) or not all(isinstance(p, str) and p for p in plugins):
+        raise ConfigError(f"{source}: 'plugins' must be a list of module names or .py files, got {plugins!r}.")
+    base = Path(source).parent if Path(source).is_file() else None
+    for plugin in plugins:
+        try:
+            load_plugin(plugin, base)
+        except PluginError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+
 def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
     """Validate a suite mapping (already parsed from YAML) into a :class:`SuiteSpec`."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a suite file must be a mapping with keys {', '.join(SUITE_KEYS)}.")
     _check_keys(source, data, SUITE_KEYS)
+    _load_plugins(source, data.get("plugins", []))
     for required in ("suite", "scenarios", "strategies"):
         if required not in data:
             raise ConfigError(f"{source}: missing required key {required!r}.")

@@ -28,12 +28,19 @@ The strategy contract (:class:`StrategyBase`), checked when a strategy registers
         def save_state(self, directory) -> Path | None  # called after the last step (default: saves nothing)
 
 Training loops fire ``self.callbacks`` (:class:`~clbench.callbacks.CallbackList`, set up by the runner): a template
-strategy passes it to :func:`clbench.callbacks.bridge`, a non-template one to :func:`clbench.training.fit`.
+strategy passes it to :func:`clbench.callbacks.bridge`, a non-template one to :func:`clbench.training.fit`. The runner
+checks it (:func:`hooks_checked`): a ``train`` call that steps an optimizer while no batch hook fires is a contract
+violation, and so is a subclass that skips ``super().__init__`` (named as such when ``self.callbacks`` is missing).
+
+Scenario factories (:func:`check_scenario`) take a keyword ``seed``; callbacks (:func:`check_callback`) are
+:class:`~clbench.callbacks.Callback` subclasses or factories returning one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +48,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
-
-from clbench.callbacks import CallbackList
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 if TYPE_CHECKING:
     from clbench.metrics import MetricSpec
@@ -159,8 +165,17 @@ class StrategyBase:
     private: ClassVar[bool] = False      # True: each training call uses its own data and a batch-mean loss (dp allowed)
 
     def __init__(self, info: ScenarioInfo, device: torch.device | str, config: Any) -> None:
+        from clbench.callbacks import CallbackList  # imported here: registering a callback checks it with this module
+
         self.info, self.device, self.config = info, torch.device(device), config
         self.callbacks = CallbackList()
+
+    def __getattr__(self, name: str) -> Any:
+        """Only reached for a missing attribute: the ones ``StrategyBase.__init__`` sets name the contract."""
+        if name in ("info", "device", "config", "callbacks"):
+            raise StrategyContractError(f"{type(self).__name__}.__init__ did not call super().__init__(info, device, "
+                                        f"config), which sets self.{name} (see clbench.protocol.StrategyBase).")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def train(self, experience: Any) -> None:
         """Train on one experience (offline strategies: on the list of all of them, in one call)."""
@@ -209,8 +224,53 @@ def check_strategy(name: str, cls: Any) -> None:
         unknown = sorted(set(values) - fields) if isinstance(values, dict) else ["<not a dict>"]
         if unknown:
             raise StrategyContractError(f"{where}: preset {preset!r} sets unknown Config fields {unknown}.")
-    if not isinstance(cls.offline, bool):
-        raise StrategyContractError(f"{where}: offline must be True or False.")
+    for flag in ("offline", "private"):
+        if not isinstance(getattr(cls, flag, False), bool):
+            raise StrategyContractError(f"{where}: {flag} must be True or False, got {getattr(cls, flag)!r}.")
+
+
+def check_scenario(name: str, factory: Any) -> None:
+    """Raise :class:`TypeError` unless ``factory`` is callable with a keyword ``seed`` (called on registration)."""
+    where = f"scenario {name!r} ({getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)!s})"
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        raise TypeError(f"{where} must be a function f(*, seed, ...) -> Scenario.") from None
+    if "seed" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise TypeError(f"{where} must take the keyword argument seed: f(*, seed, ...) -> Scenario.")
+
+
+def check_callback(name: str, factory: Any) -> None:
+    """Raise :class:`TypeError` unless ``factory`` is a :class:`~clbench.callbacks.Callback` subclass or another
+    callable (a factory returning one; checked when it is built)."""
+    from clbench.callbacks import Callback
+
+    if not callable(factory) or isinstance(factory, type) and not issubclass(factory, Callback):
+        raise TypeError(f"callback {name!r} ({factory!r}) must be a subclass of clbench.callbacks.Callback or a "
+                        f"function returning one.")
+
+
+@contextlib.contextmanager
+def hooks_checked(strategy: StrategyBase, step: int):
+    """Around ``strategy.train(step)``: raise :class:`StrategyContractError` if an optimizer of this process took a
+    step while no ``on_batch_start`` fired (a loop of its own that bypasses the callbacks: no NaN guard, no private
+    step, no training log). Training in other processes (shard members) is checked there. (``after_backward`` is
+    not required: Avalanche's MER template fires the batch start but none of the backward/update hooks.)"""
+    from clbench.callbacks import BATCH_HOOKS_FIRED
+
+    steps = [0]
+    handle = register_optimizer_step_post_hook(
+        lambda optimizer, args, kwargs: steps.__setitem__(0, steps[0] + 1))
+    before = BATCH_HOOKS_FIRED["on_batch_start"]
+    try:
+        yield
+    finally:
+        handle.remove()
+    if steps[0] and BATCH_HOOKS_FIRED["on_batch_start"] == before:
+        raise StrategyContractError(
+            f"{type(strategy).__name__}.train() took {steps[0]} optimizer step(s) on experience {step} without firing "
+            f"the batch hooks: train through clbench.training.fit(..., callbacks=self.callbacks) or "
+            f"clbench.callbacks.bridge(template, self.callbacks) (see clbench.protocol.StrategyBase).")
 
 
 def checked(value: Any, expected: type, strategy: StrategyBase, method: str) -> Any:

@@ -5,7 +5,7 @@
 
     scenario = SCENARIOS.get(spec.scenario.name)(seed=spec.seed, **spec.scenario.args)
     strategy = STRATEGIES.get(spec.strategy.name)(scenario.info, device, config)     # a StrategyBase
-    strategy.callbacks.attach(spec.strategy.callbacks, context)                       # hooks of every loop
+    strategy.callbacks.attach(ALWAYS_ON + spec.strategy.callbacks, context)           # hooks of every loop
     for i, experience in enumerate(scenario.train_stream):
         callbacks.on_experience_start(i); strategy.train(experience); callbacks.on_experience_end(i)
         scores = scenario.evaluator(strategy, scenario, i, device)     # row i of every matrix, same for all
@@ -41,7 +41,16 @@ from clbench.config import RunSpec, build_config, config_hash
 from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, release_freed_memory, resolve_device
 from clbench.errors import NonFiniteLossError
-from clbench.protocol import ParamCount, Scenario, ScenarioInfo, StrategyBase, StrategyContractError, checked
+from clbench.loggers import ALWAYS_ON
+from clbench.protocol import (
+    ParamCount,
+    Scenario,
+    ScenarioInfo,
+    StrategyBase,
+    StrategyContractError,
+    checked,
+    hooks_checked,
+)
 from clbench.registry import SCENARIOS, STRATEGIES
 
 RECORD_VERSION = 1
@@ -171,7 +180,7 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
     strategy = build_strategy(spec, info, device)
     callbacks = strategy.callbacks
     artifacts = None if out_dir is None else out_dir / "artifacts" / spec.run_id
-    callbacks.attach([CallbackSpec(**c) for c in spec.strategy.callbacks],
+    callbacks.attach([*ALWAYS_ON, *(CallbackSpec(**c) for c in spec.strategy.callbacks)],
                      CallbackContext(run_id=spec.run_id, artifacts=artifacts, modules=strategy.modules,
                                      n_train=sum(len(e.dataset) for e in scenario.train_stream)))
     offline = strategy.offline
@@ -184,7 +193,8 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
         for i, step in enumerate(progress.bar(steps, desc=spec.run_id, level="experiences")):
             start = time.perf_counter()
             callbacks.on_experience_start(i)
-            strategy.train(step)
+            with hooks_checked(strategy, i):
+                strategy.train(step)
             callbacks.on_experience_end(i)
             record.step_train_s.append(time.perf_counter() - start)
             train_s += record.step_train_s[-1]

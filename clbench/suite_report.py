@@ -29,6 +29,7 @@ import pandas as pd
 
 from clbench import leaderboard, report
 from clbench import records as record_files
+from clbench.artifacts import CURVE_FILE
 from clbench.metrics import SUMMARIES, MetricSpec, primary
 
 # how each summary ranks: +1 best = highest, -1 best = lowest, for a higher-is-better metric
@@ -112,6 +113,16 @@ def _plots_section(plots: Sequence[Path], out_dir: Path, scenarios: list[str]) -
     return lines
 
 
+def _curves_section(records: list[dict], out_dir: Path) -> list[str]:
+    """A link to each run's training curve (:data:`clbench.artifacts.CURVE_FILE`, drawn when the run ended)."""
+    curves = sorted(f"artifacts/{r['run_id']}/{CURVE_FILE}" for r in records
+                    if (out_dir / "artifacts" / r["run_id"] / CURVE_FILE).exists())
+    if not curves:
+        return []
+    return ["## Training curves", "", "Loss and learning rate per epoch of each run (the numbers: "
+            "`training_log.jsonl` beside each plot):", ""] + [f"- [{Path(c).parent.name}]({c})" for c in curves] + [""]
+
+
 def _matrix_label(name: str, scenario: str) -> str:
     """``plots/<scenario>__<strategy>__<metric>__matrix.png`` -> ``<strategy> · <metric>``."""
     stem = Path(name).stem.removeprefix(f"{report._safe(scenario)}__").removesuffix("__matrix")
@@ -153,6 +164,7 @@ def render(records: list[dict], plots: Sequence[Path], out_dir: str | Path) -> s
         first = next(r for r, (sc, _) in zip(records, leaderboard.row_labels(records)) if sc == scenario)
         lines += _scenario_section(scenario, rows, primary(leaderboard.metric_specs(first)))
     lines += _plots_section(plots, out_dir, scenarios)
+    lines += _curves_section(records, out_dir)
     lines += ["## Leaderboard", "", leaderboard.to_markdown(table).rstrip(), ""]
     failed = [r for r in records if r["status"] != "finished"]
     if failed:

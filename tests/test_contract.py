@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clbench.config import build_config
-from clbench.protocol import ParamCount, StrategyBase, StrategyContractError, check_strategy
+from clbench.protocol import ParamCount, StrategyBase, StrategyContractError, check_strategy, hooks_checked
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
 from clbench.scenarios.movielens import sequences_scenario
@@ -50,8 +50,9 @@ def test_every_strategy_and_preset_trains_two_experiences_and_predicts(name, pre
     assert isinstance(strategy, StrategyBase)
     experiences = list(scenario.train_stream)
     counts = []
-    for step in ([experiences] if cls.offline else experiences):
-        strategy.train(step)
+    for i, step in enumerate([experiences] if cls.offline else experiences):
+        with hooks_checked(strategy, i):                 # an optimizer step fires the batch hooks
+            strategy.train(step)
         counts.append(strategy.num_parameters())
     x = torch.stack([scenario.test_stream[1].dataset.eval()[i][0] for i in range(6)])
     scores = strategy.predict(x, torch.zeros(6, dtype=torch.long))

@@ -1,6 +1,8 @@
+import json
+
 import pytest
 
-from clbench.registry import SCENARIOS, STRATEGIES, Registry, UnknownNameError
+from clbench.registry import CALLBACKS, COMMANDS, SCENARIOS, STRATEGIES, Registry, UnknownNameError
 
 
 def test_register_and_get():
@@ -37,3 +39,34 @@ def test_plugins_register_the_baselines_and_scenarios():
     assert {"split_digits", "synthetic"} <= set(SCENARIOS.names())
     with pytest.raises(UnknownNameError, match="Did you mean 'naive'"):
         STRATEGIES.get("naiv")
+
+
+def test_index_is_current():
+    """clbench/plugin_index.json is what importing every shipped plugin module gives (`make lists` writes it); a
+    stale entry only costs start time (its module is then read or imported), but the README lists come from it."""
+    from clbench.registry import INDEX_FILE, build_index
+
+    assert build_index() == json.loads(INDEX_FILE.read_text()), "the registries' index is stale: run `make lists`"
+
+
+def test_reading_a_module_finds_every_name_it_registers_or_says_it_cannot():
+    """Without the index (a module edited since), names come from the module's code: each name a shipped module
+    registers is found there, or its registry is marked as needing the import."""
+    from clbench.registry import REGISTRIES, load_plugins, scan, shipped_modules
+
+    load_plugins()
+    files = dict(shipped_modules())
+    scanned = {module: scan(path.read_bytes()) for module, path in files.items()}
+    for registry in REGISTRIES:
+        for name, origin in registry.origins.items():
+            if origin in files:
+                declared, dynamic = scanned[origin]
+                assert name in declared.get(registry.kind, {}) or registry.kind in dynamic, (registry.kind, name)
+
+
+def test_callbacks_and_commands_are_discovered_not_listed():
+    from clbench import registry
+
+    assert {"hook_trace", "dp", "dual_form", "training_log", "tensorboard", "wandb"} <= set(CALLBACKS.names())
+    assert {"run", "list", "pretrain", "forget", "analyze"} <= set(COMMANDS.names())
+    assert not hasattr(registry, "CALLBACK_MODULES") and not hasattr(registry, "COMMAND_MODULES")

@@ -1,0 +1,51 @@
+"""The files of a run's artifacts folder ``<out>/artifacts/<run_id>/`` that clbench itself reads back: the training
+log the ``training_log`` callback writes (:mod:`clbench.loggers`) and its plot, which report.md links. (Callbacks
+add their own files there: ``hooks.jsonl``, ``tensorboard/``, ``wandb/``, the dual-form store.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LOG_FILE = "training_log.jsonl"
+"""One JSON line per logged epoch: ``{member, experience, epoch, step, batches, loss, lr}``."""
+CURVE_FILE = "training_curve.png"
+"""The log drawn by :func:`plot_log` when the run ends."""
+
+
+def read_log(artifacts: str | Path) -> list[dict[str, Any]]:
+    """The rows of ``<artifacts>/training_log.jsonl`` (empty when the run wrote none)."""
+    path = Path(artifacts) / LOG_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def plot_log(artifacts: str | Path) -> Path:
+    """``<artifacts>/training_curve.png``: loss per logged epoch (one line per member), experiences marked, the
+    learning rate on the right axis."""
+    from matplotlib.figure import Figure
+
+    rows = read_log(artifacts)
+    figure = Figure(figsize=(6, 3.2), layout="constrained")
+    ax = figure.add_subplot()
+    for member in sorted({r["member"] for r in rows}):
+        mine = [r for r in rows if r["member"] == member]
+        ax.plot([r["step"] for r in mine], [r["loss"] for r in mine], marker=".", label=member or "loss")
+    own = [r for r in rows if not r["member"]]
+    for previous, row in zip(own, own[1:]):
+        if row["experience"] != previous["experience"]:
+            ax.axvline(row["step"] - 0.5, color="0.8", linestyle="--", linewidth=0.8)
+    ax.set(xlabel="epoch (all training calls, in order; dashed: next experience)", ylabel="training loss",
+           title=Path(artifacts).name)
+    if any(r["lr"] is not None for r in own):
+        lr = ax.twinx()
+        lr.plot([r["step"] for r in own], [r["lr"] for r in own], color="0.5", linewidth=0.8)
+        lr.set_ylabel("learning rate", color="0.5")
+    if len({r["member"] for r in rows}) > 1:
+        ax.legend(fontsize="small")
+    path = Path(artifacts) / CURVE_FILE
+    figure.savefig(path, dpi=80)
+    return path
+
+
+__all__ = ["CURVE_FILE", "LOG_FILE", "plot_log", "read_log"]

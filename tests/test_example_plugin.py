@@ -1,0 +1,60 @@
+"""The outside-package route, as a user takes it: examples/clbench-example-plugin is pip-installed into a fresh
+virtual environment (which sees this clbench and .venv's packages through one site line: torch is not reinstalled),
+and from another folder `python -m clbench list` shows its strategy and scenario and a suite with them runs and
+ranks the plugin's strategy in the leaderboard. The plugin's modules are found through its entry points only."""
+
+import csv
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+EXAMPLE = ROOT / "examples" / "clbench-example-plugin"
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    """A fresh venv with the example plugin installed (built from a copy: no build files in the repository)."""
+    base = tmp_path_factory.mktemp("plugin_venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base / "venv")], check=True)
+    python = base / "venv" / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    reused = sysconfig.get_paths()["purelib"]          # this environment's: torch, avalanche, clbench (editable)
+    Path(purelib, "reuse_test_env.pth").write_text(f"import site; site.addsitedir({reused!r})\n")
+    shutil.copytree(EXAMPLE, base / "example", ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    "--no-build-isolation", str(base / "example")], check=True, capture_output=True)
+    return python, base
+
+
+def _clbench(venv, *args: str) -> subprocess.CompletedProcess:
+    python, base = venv
+    return subprocess.run([str(python), "-m", "clbench", *args], cwd=base, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "OMP_WAIT_POLICY": "PASSIVE", "CLBENCH_JOBS": "1"})
+
+
+def test_installed_plugin_is_listed_and_runs_in_a_suite(venv):
+    python, base = venv
+    listed = _clbench(venv, "list")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert any(line.split()[:1] == ["nearest_mean"] and "example plugin" in line for line in lines)
+    assert any(line.split()[:1] == ["rings"] for line in lines)
+
+    ran = _clbench(venv, "--suite", str(base / "example" / "suite.yaml"), "--out", "results", "--quiet",
+                   "--quiet-table", "--device", "cpu")
+    assert ran.returncode == 0, ran.stderr
+    with open(base / "results" / "leaderboard.csv") as f:
+        rows = {row["strategy"]: row for row in csv.DictReader(f)}
+    assert set(rows) == {"nearest_mean", "naive"} and {r["scenario"] for r in rows.values()} == {"rings"}
+    assert 0 < float(rows["nearest_mean"]["avg_inc_acc"]) <= 100
+    log = base / "results" / "artifacts" / "rings__nearest_mean__s0" / "training_log.jsonl"
+    assert len(log.read_text().splitlines()) == 3 * 2          # 3 experiences x 2 epochs (cpu preset)
+
+    # the plugin is an installed package, not something this test process can see
+    assert subprocess.run([sys.executable, "-c", "import clbench_example_plugin"], capture_output=True).returncode
