@@ -1,8 +1,9 @@
 """The code a run depends on, as one short hash stored in its record (resume reruns a record whose code changed).
 
 :func:`code_fingerprint` hashes the strategy's module, the scenario's module and the runner core (:data:`CORE`),
-with every module of the ``clbench`` package they import, transitively — found by reading their import statements,
-not by importing them, so the plugin modules the registry loads by name stay out — and every model module
+with every module of the ``clbench`` package (and of a plugin's own top-level package) they import, transitively —
+found by reading their import statements, not by importing them, so the plugin modules the registry loads by name
+stay out — and every model module
 (:data:`LOOKED_UP`: backbones are found by name through ``MODELS``, so no import leads to them). Modules that cannot
 change a run's numbers are left out (:data:`EXCLUDED`: the command line, leaderboard, report, progress bars,
 executors).
@@ -53,6 +54,7 @@ def module_files(roots: Iterable[str]) -> dict[str, Path]:
     transitively, minus :data:`EXCLUDED`."""
     found: dict[str, Path] = {}
     todo = list(roots)
+    followed = {PACKAGE} | {root.partition(".")[0] for root in todo}     # a plugin's own package is followed too
     while todo:
         name = todo.pop()
         if name in found or name in EXCLUDED:
@@ -61,7 +63,7 @@ def module_files(roots: Iterable[str]) -> dict[str, Path]:
         if path is None:
             continue
         found[name] = path
-        todo += [m for m in _imports(name, path) if m == PACKAGE or m.startswith(PACKAGE + ".")]
+        todo += [m for m in _imports(name, path, followed) if m.partition(".")[0] in followed]
     return found
 
 
@@ -100,9 +102,9 @@ def _mapped_folders(package: str) -> list[Path]:
     return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
 
 
-def _imports(name: str, path: Path) -> list[str]:
-    """Module names imported anywhere in ``path`` (``from a import b`` gives ``a.b`` when that is a module of the
-    package, else ``a``); relative imports resolved against ``name``."""
+def _imports(name: str, path: Path, followed: set[str] = frozenset({PACKAGE})) -> list[str]:
+    """Module names imported anywhere in ``path`` (``from a import b`` gives ``a.b`` when that is a module of one of
+    the ``followed`` top-level packages, else ``a``); relative imports resolved against ``name``."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
     for node in ast.walk(_parse(path.read_bytes())):
@@ -113,7 +115,7 @@ def _imports(name: str, path: Path) -> list[str]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
-            if base == PACKAGE or base.startswith(PACKAGE + "."):
+            if base.partition(".")[0] in followed:
                 out += [f"{base}.{a.name}" if _source_file(f"{base}.{a.name}") else base for a in node.names]
     return out
 

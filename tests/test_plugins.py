@@ -246,3 +246,19 @@ def test_scan_finds_literal_names_aliases_and_computed_ones():
                              b'from clbench import registry\nregistry.SCENARIOS.register(name)(g)\n'
                              b'OTHER.register("not_a_plugin")(h)\n')
     assert declared == {"strategy": {"a": ""}, "model": {"m": ""}} and dynamic == {"scenario"}
+
+
+def test_a_plugin_packages_own_modules_join_the_fingerprint(tmp_path, monkeypatch):
+    """Editing a helper module of a plugin package reruns the runs of its strategy (not only the strategy's file)."""
+    from clbench.fingerprint import fingerprint_of, module_files
+
+    package = tmp_path / "test_plugin_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text("WIDTH = 8\n")
+    (package / "methods.py").write_text("from test_plugin_pkg.nets import WIDTH\nfrom . import nets\nimport json\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert set(module_files(["test_plugin_pkg.methods"])) == {"test_plugin_pkg.methods", "test_plugin_pkg.nets"}
+    before = fingerprint_of(["test_plugin_pkg.methods"])
+    (package / "nets.py").write_text("WIDTH = 16\n")
+    assert fingerprint_of(["test_plugin_pkg.methods"]) != before
