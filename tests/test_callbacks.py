@@ -13,7 +13,7 @@ from clbench.callbacks import CALLBACKS, Callback, CallbackContext, CallbackList
 from clbench.config import parse_suite
 from clbench.errors import NonFiniteLossError
 from clbench.executors import LocalExecutor
-from clbench.training import FitSettings, fit
+from clbench.training import FitSettings, fit, fit_dataset
 
 SYNTHETIC = {"n_classes": 4, "n_experiences": 2, "train_per_class": 12, "test_per_class": 4}
 LOOPS = {   # one strategy per loop kind, tiny
@@ -130,3 +130,27 @@ def test_unknown_callback_or_argument_is_a_load_time_error():
         _suite({"naive": LOOPS["naive"]}, [{"name": "hook_trac"}])
     with pytest.raises(ConfigError, match=r"callbacks\[0\].args \(callback 'hook_trace'\): unknown key 'batch'"):
         _suite({"naive": LOOPS["naive"]}, [{"name": "hook_trace", "args": {"batch": 3}}])
+
+
+def test_fit_dataset_takes_a_callbacks_batch_plan_and_refuses_a_per_step_scheduler_with_it():
+    """fit_dataset (pretraining's loop) draws the minibatches a callback plans, and a per-step scheduler, which
+    needs the loop's fixed-size minibatches, is refused with one line."""
+    seen = []
+
+    class Plan(Callback):
+        def batch_sampler(self, n, batch_size, epochs):
+            return lambda generator: [torch.tensor([0, 1]), torch.tensor([2])]
+
+        def on_batch_start(self, x, y):
+            seen.append(y.tolist())
+
+    callbacks = CallbackList()
+    callbacks.callbacks.append(Plan())
+    data = torch.utils.data.TensorDataset(torch.arange(3.0)[:, None], torch.tensor([5, 6, 7]), torch.zeros(3))
+    model = torch.nn.Linear(1, 1)
+    steps = fit_dataset(model, model, model.parameters(), data, lambda out, y: out.sum(), FitSettings(2, 8, 0.1), 0,
+                        callbacks)
+    assert steps == 4 and seen == [[5, 6], [7], [5, 6], [7]]
+    with pytest.raises(ValueError, match="per-step scheduler needs fixed-size minibatches"):
+        fit_dataset(model, model, model.parameters(), data, lambda out, y: out.sum(), FitSettings(1, 8, 0.1), 0,
+                    callbacks, scheduler=lambda optimizer, total: torch.optim.lr_scheduler.ConstantLR(optimizer))
