@@ -32,6 +32,7 @@ import yaml
 from clbench import __version__
 from clbench import records as record_files
 from clbench.config import ConfigError, build_config, load_suite, shipped_suites
+from clbench.errors import OutputError
 from clbench.registry import (
     CALLBACKS,
     COMMANDS,
@@ -366,13 +367,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     _configure_process(args)
     try:
         return COMMANDS.get(args.command).run(args)
-    except (ConfigError, UnknownNameError, FileNotFoundError, record_files.CorruptRecord, PluginError) as exc:
+    except (ConfigError, UnknownNameError, FileNotFoundError, record_files.CorruptRecord, OutputError,
+            PluginError) as exc:
         # DatasetNotFound (a missing dataset, or a ChecksumMismatch) included: every run would fail the same way
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: finished runs are kept; rerun the same command to resume.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:        # Ctrl-C or SIGTERM (clbench.executors.Interrupted says what is kept)
+        print(str(exc) or "interrupted: finished runs are kept; rerun the same command to resume.", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 def _configure_process(args: argparse.Namespace) -> None:

@@ -29,9 +29,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import importlib.util
 import inspect
 import json
+import os
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -42,6 +45,7 @@ import yaml
 
 from clbench import typecheck
 from clbench.registry import CALLBACKS, MODELS, SCENARIOS, STRATEGIES, PluginError, load_plugin
+from clbench.typecheck import brief
 
 
 class ConfigError(ValueError):
@@ -58,7 +62,8 @@ def _check_keys(where: str, given: dict, known: typing.Iterable[str]) -> None:
     known = list(known)
     for key in given:
         if key not in known:
-            raise ConfigError(f"{where}: unknown key {key!r}.{_suggest(key, known)} Allowed keys: {', '.join(known)}.")
+            raise ConfigError(f"{where}: unknown key {brief(key)}.{_suggest(str(key), known)} "
+                              f"Allowed keys: {', '.join(known)}.")
 
 
 # ---------------------------------------------------------------------------------------------------------- hparams
@@ -67,16 +72,25 @@ def build_config(strategy_name: str, preset: str | None = None, overrides: dict 
     """Instantiate ``STRATEGIES.get(strategy_name).Config`` from its defaults, then ``PRESETS[preset]``, then
     ``overrides``, each value checked against the field's annotation and range (see :func:`checked_overrides`).
     Unknown fields and presets, wrong types and values raise :class:`ConfigError`."""
-    config_cls, values, _ = _resolve(strategy_name, preset, overrides or {}, where or f"strategy {strategy_name!r}")
-    return _instantiate(config_cls, values, where or f"strategy {strategy_name!r}")
+    where = where or f"strategy {strategy_name!r}"
+    config_cls, values, checked = _resolve(strategy_name, preset, overrides or {}, where)
+    config = _instantiate(config_cls, values, where)
+    _check_used(where, config, checked)
+    return config
 
 
 def checked_overrides(strategy_name: str, preset: str | None, overrides: dict, where: str) -> dict:
     """``overrides`` coerced to the types of the strategy's ``Config`` fields (``lr: "1e-3"`` -> ``0.001``),
     after checking that the whole configuration builds; raises :class:`ConfigError` naming ``where`` and the key."""
+    return checked_config(strategy_name, preset, overrides, where)[0]
+
+
+def checked_config(strategy_name: str, preset: str | None, overrides: dict, where: str) -> tuple[dict, Any]:
+    """``(checked overrides, the Config they build)``: :func:`checked_overrides` and the configuration itself."""
     config_cls, values, checked = _resolve(strategy_name, preset, overrides, where)
-    _instantiate(config_cls, values, where)
-    return checked
+    config = _instantiate(config_cls, values, where)
+    _check_used(where, config, checked)
+    return checked, config
 
 
 def _resolve(strategy_name: str, preset: str | None, overrides: dict, where: str) -> tuple[type, dict, dict]:
@@ -87,12 +101,28 @@ def _resolve(strategy_name: str, preset: str | None, overrides: dict, where: str
     values: dict[str, Any] = {}
     if preset is not None:
         if not isinstance(preset, str) or preset not in presets:
-            raise ConfigError(f"{where}: strategy {strategy_name!r} has no preset {preset!r}."
+            raise ConfigError(f"{where}: strategy {brief(strategy_name)} has no preset {brief(preset)}."
                               f"{_suggest(str(preset), presets)} Presets: {', '.join(presets) or 'none'}.")
-        values.update(_checked_fields(f"{where}: preset {preset!r}", config_cls, presets[preset], {}))
+        values.update(_checked_fields(f"{where}: preset {brief(preset)}", config_cls, presets[preset], {}))
     checked = _checked_fields(f"{where}: args", config_cls, overrides, values)
     values.update(checked)
     return config_cls, values, checked
+
+
+USED_ONLY_WITH: dict[str, tuple[str, tuple[str, ...]]] = {
+    "momentum": ("optimizer", ("sgd",)),          # Adam and AdamW keep torch's beta1
+    "decay_factor": ("mode", ("online",)),        # EWC's separate mode keeps every importance matrix as it is
+}
+"""Config fields used only when another field of the same Config has one of some values: setting one in a suite's
+``args`` otherwise would change nothing, so it is refused at load (a field the Config lacks imposes nothing)."""
+
+
+def _check_used(where: str, config: Any, overrides: dict) -> None:
+    for name, (other, values) in USED_ONLY_WITH.items():
+        if name in overrides and hasattr(config, other) and getattr(config, other) not in values:
+            raise ConfigError(f"{where}: args.{name} is used only with {other}: {' or '.join(values)} (this entry's "
+                              f"{other} is {brief(getattr(config, other))}), so it would change nothing; remove it "
+                              f"or set {other}.")
 
 
 def _instantiate(config_cls: type, values: dict, where: str) -> Any:
@@ -114,7 +144,7 @@ def _checked_fields(where: str, config_cls: type, values: dict, below: dict) -> 
     for name, choices in NAMED_CHOICES.items():
         value = checked.get(name)
         if value is not None and value not in choices():
-            raise ConfigError(f"{where}.{name}: unknown {name} {value!r}.{_suggest(str(value), choices())} "
+            raise ConfigError(f"{where}.{name}: unknown {name} {brief(value)}.{_suggest(str(value), choices())} "
                               f"Choose one of: {', '.join(choices())}.")
     if "model_args" in checked:
         model = checked.get("model", below.get("model", getattr(config_cls, "model", "auto")))
@@ -147,7 +177,7 @@ def _checked_model_args(where: str, model: str, args: Any) -> dict:
     ``model: auto`` the backbone is the scenario's default, known only when the scenario is built: keys must then
     be a parameter of some registered model (a misspelling is still caught); name the model for a full check."""
     if not isinstance(args, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {args!r}.")
+        raise ConfigError(f"{where}: expected a mapping, got {brief(args)}.")
     factories = [MODELS.get(model)] if model != "auto" else [MODELS.get(m) for m in MODELS.names()]
     params = [p for f in factories for p in list(inspect.signature(f).parameters.values())[1:]]
     if model == "auto" or not any(p.kind is p.VAR_KEYWORD for p in params):
@@ -169,6 +199,14 @@ def _type_hints(obj: Any) -> dict[str, Any]:
         return {}
 
 
+NOT_TRAINING: dict[str, str] = {
+    "eval_batch_size": "the batch size of evaluation: the same predictions, computed in other chunks",
+}
+"""Config fields (by name, or ``strategy.field`` for one strategy) that are part of the run identity but do not
+change what is trained, with the reason. Every other field changes the trained result; tests/test_fields.py
+changes each field of every shipped strategy and checks one or the other."""
+
+
 def config_dict(config: Any) -> dict:
     return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
 
@@ -177,6 +215,50 @@ def config_hash(payload: dict) -> str:
     """A stable short hash of a JSON-serializable mapping (run identity for resume)."""
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
+
+
+CHECKPOINT_FIELDS = ("init",)
+"""Hyperparameters (at any depth: ``init``, ``model_args.init``) that name a local checkpoint file read by the run;
+``{scenario}`` in the path is the scenario's name (one checkpoint per source dataset)."""
+
+
+def checkpoint_hashes(resolved: dict, scenario: str) -> dict[str, str]:
+    """``{dotted field: sha256 of the file (16 digits), or "missing"}`` for every :data:`CHECKPOINT_FIELDS` value
+    of a resolved configuration."""
+    found: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                name = f"{prefix}{key}"
+                if key in CHECKPOINT_FIELDS and isinstance(item, str) and item:
+                    found[name] = file_hash(item.replace("{scenario}", scenario))
+                else:
+                    walk(f"{name}.", item)
+
+    walk("", resolved)
+    return found
+
+
+_FILE_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def file_hash(path: str | Path) -> str:
+    """16 hex digits of the sha256 of a file's bytes (``"missing"`` if there is none), cached by path, size and
+    modification time."""
+    path = Path(path).resolve()
+    try:
+        stat = path.stat()
+    except OSError:
+        return "missing"
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _FILE_HASHES:
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _FILE_HASHES[key] = digest.hexdigest()[:16]
+    return _FILE_HASHES[key]
 
 
 # ------------------------------------------------------------------------------------------------------------ specs
@@ -225,10 +307,17 @@ class RunSpec:
         return code_fingerprint(self.strategy.name, self.scenario.name)
 
     def identity(self) -> dict:
-        """What makes two runs the same run (device and amp excluded: they do not change the experiment)."""
+        """What makes two runs the same run (device and amp excluded: they do not change the experiment): the suite,
+        the scenario entry, the strategy entry with its resolved hyperparameters, the seed, and the content hash of
+        every checkpoint the hyperparameters name (``checkpoints``, only when there is one): overwriting a
+        checkpoint changes the identity, so resume runs again what read the old one."""
         resolved = config_dict(build_config(self.strategy.name, self.strategy.preset, self.strategy.args))
-        return {"suite": self.suite, "scenario": dataclasses.asdict(self.scenario),
-                "strategy": {**dataclasses.asdict(self.strategy), "resolved": resolved}, "seed": self.seed}
+        identity = {"suite": self.suite, "scenario": dataclasses.asdict(self.scenario),
+                    "strategy": {**dataclasses.asdict(self.strategy), "resolved": resolved}, "seed": self.seed}
+        checkpoints = checkpoint_hashes(resolved, self.scenario.name)
+        if checkpoints:
+            identity["checkpoints"] = checkpoints
+        return identity
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -265,7 +354,7 @@ class SuiteSpec:
             keys = {e.key for e in entries} | {e.name for e in entries}
             for w in wanted:
                 if w not in keys:
-                    raise ConfigError(f"suite {self.name!r} has no {kind} {w!r}.{_suggest(w, keys)} "
+                    raise ConfigError(f"suite {brief(self.name)} has no {kind} {brief(w)}.{_suggest(w, keys)} "
                                       f"It has: {', '.join(sorted(keys))}.")
             return tuple(e for e in entries if e.key in wanted or e.name in wanted)
 
@@ -298,9 +387,12 @@ def resolve_suite_path(suite: str) -> Path:
         return path
     shipped = shipped_suites()
     if suite not in shipped:
-        raise ConfigError(f"unknown suite {suite!r}.{_suggest(suite, shipped)} Shipped suites: "
+        raise ConfigError(f"unknown suite {brief(suite)}.{_suggest(suite, shipped)} Shipped suites: "
                           f"{', '.join(sorted(shipped))}; or pass the path of a .yaml file.")
     return shipped[suite]
+
+
+MAX_NAME = 100      # a registry name, label or suite name: longer is not a name (and is cut in messages)
 
 
 def _entry_list(where: str, raw: Any, keys: tuple[str, ...], allow_empty: bool = False) -> list[dict]:
@@ -313,24 +405,36 @@ def _entry_list(where: str, raw: Any, keys: tuple[str, ...], allow_empty: bool =
     for i, item in enumerate(raw):
         item = {"name": item} if isinstance(item, str) else item
         if not isinstance(item, dict) or "name" not in item:
-            raise ConfigError(f"{where}[{i}]: each entry needs at least a 'name' (got {item!r}).")
+            raise ConfigError(f"{where}[{i}]: each entry needs at least a 'name' (got {brief(item)}).")
+        if not isinstance(item["name"], str) or len(item["name"]) > MAX_NAME:
+            raise ConfigError(f"{where}[{i}].name: expected a registered name (a string of at most {MAX_NAME} "
+                              f"characters), got {brief(item['name'])}.")
         _check_keys(f"{where}[{i}]", item, keys)
         if not isinstance(item.get("args", {}), dict):
-            raise ConfigError(f"{where}[{i}].args: expected a mapping, got {item['args']!r}.")
+            raise ConfigError(f"{where}[{i}].args: expected a mapping, got {brief(item['args'])}.")
         out.append(item)
     return out
 
 
 def _checked_scenario_args(where: str, name: str, args: dict) -> dict:
-    """``args`` checked against the scenario factory's keyword parameters, their annotations and ranges."""
+    """``args`` checked against the scenario factory's keyword parameters, their annotations and ranges, then
+    against the data by the factory's optional ``check_args(**args)`` (a ``ValueError`` there, e.g. more experiences
+    than classes, is a :class:`ConfigError`): what the scenario would refuse when built is refused at load."""
     factory = SCENARIOS.get(name)
     params = inspect.signature(factory).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         _check_keys(f"{where}: args", args, [p for p in params if p != "seed"])
     try:
-        return typecheck.check_values(args, _type_hints(factory), "args.")
+        checked = typecheck.check_values(args, _type_hints(factory), "args.")
     except typecheck.TypeMismatch as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    check = getattr(factory, "check_args", None)
+    if check is not None:
+        try:
+            check(**checked)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: args: {exc}") from None
+    return checked
 
 
 # Names that become parts of file names (suite -> results/<suite>/, labels -> runs/<scenario>__<strategy>__s0.json)
@@ -341,16 +445,24 @@ def check_path_name(where: str, key: str, value: Any) -> str:
     """``value`` if it is a :data:`SAFE_NAME` without ``..`` (leaves its folder) or ``__`` (separates the parts of
     a run id); else :class:`ConfigError` naming ``where`` and ``key``."""
     if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value or "__" in value:
-        raise ConfigError(f"{where}: {key!r} {value!r} may contain only letters, digits, '_', '.', '+' and '-', "
+        raise ConfigError(f"{where}: {key!r} {brief(value)} may contain only letters, digits, '_', '.', '+' and '-', "
                           f"start with a letter or digit and contain neither '..' nor '__': it becomes part of file "
                           f"names (results/<suite>/runs/<scenario>__<strategy>__s<seed>.json).")
     return value
 
 
+MAX_SEED = 2**32 - 1      # numpy's seed range (seed_everything seeds random, numpy and torch with it)
+
+
 def _check_seeds(where: str, seeds: Any) -> None:
-    if not isinstance(seeds, list) or not seeds or not all(type(s) is int and s >= 0 for s in seeds):
-        raise ConfigError(f"{where}: 'seeds' must be a non-empty list of integers >= 0 (not booleans), "
-                          f"got {seeds!r}.")
+    """A non-empty list of distinct integers in ``[0, 2**32 - 1]``: a repeated seed would run twice into one
+    record, and numpy cannot take a larger one (the run would fail after the suite loaded)."""
+    if not isinstance(seeds, list) or not seeds or not all(type(s) is int and 0 <= s <= MAX_SEED for s in seeds):
+        raise ConfigError(f"{where}: 'seeds' must be a non-empty list of integers from 0 to 2**32 - 1 (not "
+                          f"booleans), got {brief(seeds)}.")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ConfigError(f"{where}: seed {repeated[0]} appears twice in 'seeds'; each seed is one run, list it once.")
 
 
 def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
@@ -365,7 +477,7 @@ def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
         args = item.get("args", {})
         params = inspect.signature(factory).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            _check_keys(f"{where}[{i}].args (callback {item['name']!r})", args, list(params))
+            _check_keys(f"{where}[{i}].args (callback {brief(item['name'])})", args, list(params))
         try:
             args = typecheck.check_values(args, _type_hints(factory), f"[{i}].args.")
         except typecheck.TypeMismatch as exc:
@@ -378,13 +490,15 @@ def _parse_dp(where: str, raw: Any) -> tuple[dict, ...]:
     """A strategy entry's ``dp: {epsilon, delta, clip, ...}`` as the ``dp`` callback entry (part of the run's
     identity; checked by :func:`_check_dp`)."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}.dp: expected a mapping like {{epsilon: 3.0, clip: 1.0}}, got {raw!r}.")
+        raise ConfigError(f"{where}.dp: expected a mapping like {{epsilon: 3.0, clip: 1.0}}, got {brief(raw)}.")
     return parse_callbacks(f"{where}.dp", [{"name": "dp", "args": raw}])
 
 
-def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...]) -> None:
+def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: Any = None) -> None:
     """Every ``dp`` callback of an entry (from its ``dp:`` key or its ``callbacks:`` list): a strategy that may train
-    privately, and a budget that can be used (:class:`clbench.privacy.step.DPConfig`)."""
+    privately, a budget that can be used (:class:`clbench.privacy.step.DPConfig`), opacus installed (its
+    accountant computes the noise) and no rehearsal memory in the entry's resolved ``config`` (``mem_size`` > 0: the
+    memory's samples come back in later experiences, so each experience's epsilon would understate theirs)."""
     entries = [c for c in callbacks if c["name"] == "dp"]
     if not entries:
         return
@@ -398,6 +512,23 @@ def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...]) -> None:
         PrivateTraining(**entries[0]["args"])            # builds the DPConfig, which checks the budget
     except PrivacyBudgetError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    if not _installed("opacus"):
+        raise ConfigError(f"{where}: dp needs opacus (its accountant calibrates the noise), which is not installed: "
+                          f"pip install 'clbench[dp]', or remove the dp entry.")
+    if getattr(config, "mem_size", 0):
+        raise ConfigError(f"{where}: dp with a rehearsal memory (mem_size {config.mem_size}): the memory's samples are "
+                          f"trained on again in later experiences, so the per-experience epsilon would understate "
+                          f"theirs; set mem_size: 0 or remove the dp entry.")
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (without importing it; ``sys.modules[module] = None`` blocks it)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _load_plugins(source: str, plugins: Any) -> None:
@@ -421,7 +552,7 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
     _load_plugins(source, data.get("plugins", []))
     for required in ("suite", "scenarios", "strategies"):
         if required not in data:
-            raise ConfigError(f"{source}: missing required key {required!r}.")
+            raise ConfigError(f"{source}: missing required key {brief(required)}.")
     name = check_path_name(source, "suite", data["suite"])
     seeds = data.get("seeds", [0])
     _check_seeds(source, seeds)
@@ -445,11 +576,11 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         except KeyError as exc:
             raise ConfigError(f"{source}: strategies[{i}]: {exc}") from None
         _check_entry_names(where, item)
-        args = checked_overrides(item["name"], item.get("preset"), item.get("args", {}), where)
+        args, config = checked_config(item["name"], item.get("preset"), item.get("args", {}), where)
         callbacks = parse_callbacks(f"{where}.callbacks", item.get("callbacks", []))
         if "dp" in item:
             callbacks += _parse_dp(where, item["dp"])
-        _check_dp(where, item["name"], callbacks)
+        _check_dp(where, item["name"], callbacks, config)
         strategies.append(StrategyEntry(name=item["name"], preset=item.get("preset"),
                                         args=args, label=item.get("label", ""), callbacks=callbacks))
 
@@ -457,7 +588,7 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         keys = [e.key for e in entries]
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         if dupes:
-            raise ConfigError(f"{source}: {kind} {dupes[0]!r} appears twice; give the entries distinct 'label's.")
+            raise ConfigError(f"{source}: {kind} {brief(dupes[0])} appears twice; give the entries distinct 'label's.")
 
     return SuiteSpec(name=name, scenarios=tuple(scenarios), strategies=tuple(strategies),
                      seeds=tuple(seeds), description=str(data.get("description", "")), source=source)
@@ -471,11 +602,61 @@ def _check_entry_names(where: str, item: dict) -> None:
         check_path_name(where, "name", item["name"])
 
 
+MAX_SUITE_BYTES = 1_000_000     # a suite file is a few KB; a larger one is not a suite
+MAX_SUITE_NODES = 100_000       # YAML nodes after expanding aliases (nested anchors can expand to billions)
+
+
 def load_suite(suite: str | Path) -> SuiteSpec:
     """Load a shipped suite by name (``quick``) or a suite file by path, and validate it."""
     path = resolve_suite_path(str(suite))
+    return parse_suite(read_yaml(path), source=str(path))
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document at ``path`` (safe loader), refused with one :class:`ConfigError` line when it is larger
+    than :data:`MAX_SUITE_BYTES`, not UTF-8 text, not YAML, or expands (through aliases) to more than
+    :data:`MAX_SUITE_NODES` nodes or into itself."""
     try:
-        data = yaml.safe_load(path.read_text())
+        size = os.path.getsize(path)
+        if size > MAX_SUITE_BYTES:
+            raise ConfigError(f"{path}: {size:,} bytes; a suite file is at most {MAX_SUITE_BYTES:,} bytes (is it a "
+                              f"suite .yaml?).")
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8); pass a suite .yaml file."
+                          ) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc}).") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_expansion(path, node)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_suite(data, source=str(path))
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
+
+
+def _check_expansion(path: Path, root: yaml.Node | None) -> None:
+    """Refuse a document whose aliases expand it past :data:`MAX_SUITE_NODES` nodes, or into itself."""
+    sizes: dict[int, int] = {}
+    expanding = object()
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is expanding:
+            raise ConfigError(f"{path}: an anchor contains an alias to itself; a suite is a finite tree.")
+        if known is not None:
+            return known
+        sizes[id(node)] = expanding
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > MAX_SUITE_NODES:
+                raise ConfigError(f"{path}: expands to more than {MAX_SUITE_NODES:,} values through its anchors and "
+                                  f"aliases; a suite file is a few entries (write them out, or use fewer aliases).")
+        sizes[id(node)] = total
+        return total
+
+    if root is not None:
+        size(root)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
+
 
 class NonFiniteLossError(RuntimeError):
     """A training loss or prediction became NaN/inf; the run is marked failed and the suite continues."""
@@ -9,3 +12,15 @@ class NonFiniteLossError(RuntimeError):
     def __init__(self, where: str, value: float) -> None:
         super().__init__(f"non-finite value ({value}) in {where}. Lower the learning rate, enable gradient "
                          f"clipping, or check the inputs; the run was marked failed and the suite went on.")
+
+
+class OutputError(RuntimeError):
+    """An output file (a record, a leaderboard, a plot) could not be written: a full disk, a read-only or vanished
+    folder. Every later write would fail the same way, so the command stops; finished records are kept. The command
+    line prints the message as one line and exits with code 2."""
+
+    @classmethod
+    def of(cls, path: str | Path, exc: OSError) -> OutputError:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        return cls(f"cannot write {path}: {exc.strerror or exc}; {'free some space' if full else 'check the folder'} "
+                   f"and rerun the same command (finished records are kept; it resumes).")

@@ -19,18 +19,22 @@ the source of the strategy, the scenario and the core they use) is skipped. Runs
 another configuration, made by other code or whose record is unreadable are run again; one line on stderr says how
 many of each (``resuming: 10 of 12 runs already finished in results/quick; running 2: 2 made by other code``).
 ``force=True`` (``--force``) runs everything again. Records are written atomically as each run ends, so an
-interrupted suite loses only the runs in progress: Ctrl-C cancels the pending runs, stops the running ones and
-keeps every finished record; the same command resumes.
+interrupted suite loses only the runs in progress: Ctrl-C or SIGTERM cancels the pending runs, stops the running
+ones and keeps every finished record (:class:`Interrupted`: one line saying so and how to resume); the same command
+resumes. Worker processes die with the driver, however it ends (:func:`clbench.workers.die_with_parent`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Iterable
@@ -180,9 +184,42 @@ def lost_record(spec: RunSpec, reason: str) -> RunRecord:
                      started=now, finished=now, reason=reason)
 
 
-def _interrupted(records: list[RunRecord], cancelled: int, out_dir: str | Path) -> None:
-    log.warning("interrupted: %d finished records are kept in %s (%d runs cancelled or stopped); rerun the same "
-                "command to resume.", len(records), Path(out_dir) / "runs", cancelled)
+class Interrupted(KeyboardInterrupt):
+    """A suite stopped by Ctrl-C (SIGINT) or SIGTERM: the message says how many finished records are kept and how to
+    resume; ``exit_code`` is the shell's for that signal (130, 143)."""
+
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the driver by :func:`interruptible` so that it stops as Ctrl-C does."""
+
+
+@contextlib.contextmanager
+def interruptible():
+    """Within the block, SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) in the main thread, so that a
+    terminated suite stops its workers and keeps its records as Ctrl-C does; the previous handler is restored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(records: list[RunRecord], cancelled: int, out_dir: str | Path, cause: BaseException) -> Interrupted:
+    name = "SIGTERM" if isinstance(cause, Terminated) else "Ctrl-C"
+    return Interrupted(f"interrupted ({name}): {len(records)} finished records are kept in {Path(out_dir) / 'runs'} "
+                       f"({cancelled} runs cancelled or stopped); rerun the same command to resume.",
+                       143 if isinstance(cause, Terminated) else 130)
 
 
 @EXECUTORS.register("local")
@@ -211,13 +248,12 @@ class LocalExecutor:
         records = []
         bar = progress.bar(todo, desc="runs", level="runs")
         try:
-            with tasks.using(tasks.make_pool("process", self.shard_workers)):
+            with interruptible(), tasks.using(tasks.make_pool("process", self.shard_workers)):
                 for spec in bar:
                     bar.set_postfix_str(spec.run_id)
                     records.append(run(spec, out_dir))
-        except KeyboardInterrupt:
-            _interrupted(records, len(todo) - len(records), out_dir)
-            raise
+        except KeyboardInterrupt as exc:
+            raise _interrupted(records, len(todo) - len(records), out_dir, exc) from None
         return records
 
     def _in_workers(self, todo: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
@@ -228,8 +264,8 @@ class LocalExecutor:
         bar = progress.bar(total=len(todo), desc=f"runs ({self.jobs} at once)", level="runs")
         try:
             accelerator = any(resolve_device(s.device).type != "cpu" for s in todo)
-            with WorkerPool(min(self.jobs, len(todo)), setup.apply,
-                            start_method=start_method(self.threads, accelerator)) as pool:
+            with interruptible(), WorkerPool(min(self.jobs, len(todo)), setup.apply,
+                                             start_method=start_method(self.threads, accelerator)) as pool:
                 for (spec, _, _), outcome in pool.imap_unordered(_run_local, jobs, retries=self.retries):
                     if isinstance(outcome, WorkerLost):
                         outcome = lost_record(RunSpec.from_dict(spec), outcome.reason)
@@ -237,9 +273,8 @@ class LocalExecutor:
                     records.append(outcome)
                     bar.set_postfix_str(outcome.run_id)
                     bar.update()
-        except KeyboardInterrupt:
-            _interrupted(records, len(todo) - len(records), out_dir)
-            raise
+        except KeyboardInterrupt as exc:
+            raise _interrupted(records, len(todo) - len(records), out_dir, exc) from None
         finally:
             bar.close()
         return sorted(records, key=lambda r: order[r.run_id])
@@ -284,17 +319,18 @@ class RayExecutor:
         bar = progress.bar(total=len(futures), desc="runs (ray)", level="runs")
         remaining = list(futures)
         try:
-            while remaining:
-                done, remaining = self.ray.wait(remaining, num_returns=1)
-                record = self._record(done[0], futures[done[0]])
-                record.write(record_path(out_dir, record.run_id))
-                records.append(record)
-                bar.update()
+            with interruptible():
+                while remaining:
+                    done, remaining = self.ray.wait(remaining, num_returns=1)
+                    record = self._record(done[0], futures[done[0]])
+                    record.write(record_path(out_dir, record.run_id))
+                    records.append(record)
+                    bar.update()
         except BaseException as exc:        # Ctrl-C, or a set-up error every run would repeat: stop the others
             for ref in remaining:
                 self.ray.cancel(ref, force=True)
             if isinstance(exc, KeyboardInterrupt):
-                _interrupted(records, len(remaining), out_dir)
+                raise _interrupted(records, len(remaining), out_dir, exc) from None
             raise
         finally:
             bar.close()

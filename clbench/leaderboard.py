@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from clbench import files
 from clbench import records as record_files
 from clbench.metrics import ACCURACY, SUMMARIES, MetricSpec, primary
 
@@ -84,6 +85,8 @@ def identity(record: dict) -> tuple[dict[str, str], dict[str, str]]:
     resolved = record.get("strategy_config") or {"preset": strategy_spec.get("preset"),
                                                  **(strategy_spec.get("args") or {})}
     others = {k: v for k, v in strategy_spec.items() if k not in ("name", "label", "preset", "args") and v}
+    if record.get("checkpoints"):       # the content of the checkpoints read (init): same path, other weights
+        others["checkpoints"] = record["checkpoints"]
     strategy: dict[str, str] = {}
     _flatten("", {"name": strategy_spec["name"], **resolved, **others}, strategy)
     strategy["code"] = json.dumps(record.get("code_fingerprint") or "unknown")
@@ -150,6 +153,8 @@ def _flat(record: dict, scenario: str, strategy: str) -> dict:
 
 def build(records: list[dict]) -> pd.DataFrame:
     """The leaderboard table (see the module docstring for rows and columns)."""
+    keys = [record_files.run_key(r) for r in records]
+    records = [r for i, r in enumerate(records) if keys.index(keys[i]) == i]     # each run once (its first record)
     if not records:
         return pd.DataFrame(columns=[*KEYS, "n_seeds"])
     flat = pd.DataFrame([_flat(r, *labels) for r, labels in zip(records, row_labels(records))])
@@ -231,7 +236,7 @@ def write(out_dir: str | Path, records: list[dict] | None = None) -> pd.DataFram
     :func:`load_records`); returns the table."""
     out_dir = Path(out_dir)
     table = build(load_records(out_dir) if records is None else records)
-    table.to_csv(out_dir / "leaderboard.csv", index=False, float_format="%.4f")
+    files.write_atomic(out_dir / "leaderboard.csv", table.to_csv(index=False, float_format="%.4f"))
     suites = ", ".join(sorted(set(table["suite"]))) if len(table) else ""
-    (out_dir / "leaderboard.md").write_text(to_markdown(table, f"Leaderboard: {suites}"))
+    files.write_atomic(out_dir / "leaderboard.md", to_markdown(table, f"Leaderboard: {suites}"))
     return table

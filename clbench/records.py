@@ -3,7 +3,16 @@
 A record is the JSON file a :class:`~clbench.runner.RunRecord` writes to ``<out>/runs/<run_id>.json``. A file there
 that cannot be read as JSON (cut short, binary), that is not a record (the JSON of something else), or whose
 ``run_id`` could name a path outside ``runs/``, is a :class:`CorruptRecord`: the leaderboard and the end of a
-``run`` report it by path and go on without it; resume runs the run again.
+``run`` report it by path and go on without it; resume runs the run again. A second record of a run already read
+(the same identity hash, code fingerprint and seed: a copy under another file name) is a :class:`DuplicateRecord`,
+reported and skipped the same way, so that no run counts twice in a mean over seeds.
+
+Paths a record stores (``state_dir``) are relative to its results folder (the folder holding ``runs/``), so that a
+copied or moved results folder is self-contained; records written before that stored absolute paths, which are read
+as they are. A saved state carries an owner file (:data:`OWNER_FILE`: the run id, identity hash, code fingerprint
+and start time of the record that wrote it): :func:`state_dir` refuses a record whose state was written by another
+run (:class:`ForeignState`), e.g. the state now at an old record's absolute path after the run was made again with
+other settings.
 """
 
 from __future__ import annotations
@@ -11,6 +20,8 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
+from clbench.files import write_atomic
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 STATUSES = ("finished", "failed")
@@ -22,6 +33,14 @@ class CorruptRecord(ValueError):
     def __init__(self, path: str | Path, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = Path(path)
+
+
+class DuplicateRecord(CorruptRecord):
+    """A record of a run (identity, code, seed) that another file in ``runs/`` already holds."""
+
+
+class ForeignState(CorruptRecord):
+    """A record whose saved state is missing or was written by another run."""
 
 
 def read(path: str | Path) -> dict:
@@ -56,15 +75,64 @@ def _problem(data: object) -> str:
 
 
 def load_dir(out_dir: str | Path) -> tuple[list[dict], list[CorruptRecord]]:
-    """``(records, corrupt)``: every record in ``<out_dir>/runs`` (sorted by file name) and every file there that
-    is not one. A missing ``runs`` folder is a ``FileNotFoundError`` saying what to do."""
+    """``(records, problems)``: every record in ``<out_dir>/runs`` (sorted by file name) and every file there that
+    is not one or repeats one (:class:`DuplicateRecord`: of the files holding one run, the one named after its
+    ``run_id`` is kept, else the first by name). A missing ``runs`` folder is a ``FileNotFoundError`` saying what to
+    do."""
     runs = Path(out_dir) / "runs"
     if not runs.is_dir():
         raise FileNotFoundError(f"no run records in {runs}: run a suite first (python run_bench.py --suite NAME).")
-    records, corrupt = [], []
+    read_back, corrupt = [], []
     for path in sorted(runs.glob("*.json")):
         try:
-            records.append(read(path))
+            read_back.append((path, read(path)))
         except CorruptRecord as exc:
             corrupt.append(exc)
-    return records, corrupt
+    kept: dict[tuple, tuple[Path, dict]] = {}
+    for path, record in sorted(read_back, key=lambda pr: (pr[0].name != f"{pr[1]['run_id']}.json", pr[0].name)):
+        key = run_key(record)
+        if key in kept:
+            corrupt.append(DuplicateRecord(path, f"a copy of the run in {kept[key][0]} (same identity, code and seed "
+                                                 f"{record['seed']}); counted once"))
+        else:
+            kept[key] = (path, record)
+    return [r for _, r in sorted(kept.values(), key=lambda pr: pr[0].name)], corrupt
+
+
+def run_key(record: dict) -> tuple:
+    """What makes two records the same run: identity hash (seed included), code fingerprint and seed (a record
+    without an identity hash: its run id and spec)."""
+    identity = record.get("identity_hash") or json.dumps([record["run_id"], record["spec"]], sort_keys=True,
+                                                         default=str)
+    return identity, record.get("code_fingerprint"), record["seed"]
+
+
+# ------------------------------------------------------------------------------------------------------ saved state
+OWNER_FILE = "owner.json"
+OWNER_KEYS = ("run_id", "identity_hash", "code_fingerprint", "started")
+
+
+def write_owner(state: str | Path, record: object) -> None:
+    """Mark the state folder ``state`` as written by ``record`` (a RunRecord: :data:`OWNER_KEYS`)."""
+    write_atomic(Path(state) / OWNER_FILE, json.dumps({k: getattr(record, k) for k in OWNER_KEYS}, indent=1))
+
+
+def state_dir(record_path: str | Path, record: dict) -> Path:
+    """The saved state of the record read from ``record_path``: its ``state_dir`` relative to the record's results
+    folder (absolute in records written before), checked to belong to the record; raises :class:`ForeignState`."""
+    stored = record.get("state_dir")
+    if not stored:
+        raise ForeignState(record_path, f"no saved strategy state (status {record.get('status')}; only finished runs "
+                                        f"of a strategy with save_state, such as taft_shards, model_soup and sisa, "
+                                        f"have one)")
+    folder = Path(record_path).resolve().parent.parent / stored
+    try:
+        owner = json.loads((folder / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        owner = None
+    if not isinstance(owner, dict) or any(owner.get(k) != record.get(k) for k in OWNER_KEYS):
+        found = "is missing" if not folder.is_dir() else "was written by another run" if isinstance(owner, dict) \
+            else f"has no readable {OWNER_FILE} (saved before states were marked)"
+        raise ForeignState(record_path, f"its saved state {folder} {found}; run it again (--force) to save its "
+                                        f"own state")
+    return folder

@@ -34,6 +34,7 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from clbench import files  # noqa: E402
 from clbench.leaderboard import metric_specs, row_labels  # noqa: E402
 from clbench.metrics import MetricSpec, seen_accuracy  # noqa: E402
 
@@ -310,12 +311,14 @@ def figures(records: list[dict]) -> Iterator[tuple[str, Figure]]:
 
 
 def plot(records: list[dict], out_dir: str | Path) -> list[Path]:
-    """Write the plots of every finished record to ``<out_dir>/plots/``; returns the paths written."""
+    """Write the plots of every finished record to ``<out_dir>/plots/`` (atomically; a failed write is an
+    :class:`~clbench.errors.OutputError`); returns the paths written."""
     folder = Path(out_dir) / "plots"
-    folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in figures(records):
-        written.append(folder / name)
-        fig.savefig(written[-1], dpi=110, bbox_inches="tight")
-        plt.close(fig)
+        try:
+            written.append(files.write_atomic(folder / name, lambda tmp, fig=fig, name=name: fig.savefig(
+                tmp, format=Path(name).suffix[1:], dpi=110, bbox_inches="tight")))
+        finally:
+            plt.close(fig)
     return written

@@ -13,8 +13,9 @@
 
 The runner calls the strategy's optional hooks (defaults in :class:`~clbench.protocol.StrategyBase`):
 ``extra_metrics()`` (recorded under ``metrics.extra`` and shown in the leaderboard) and ``save_state(directory)``
-(after the last step, with ``<out>/state/<run_id>/``, e.g. for unlearning afterwards). Callbacks write under
-``<out>/artifacts/<run_id>/``.
+(after the last step, with ``<out>/state/<run_id>/``, e.g. for unlearning afterwards; the record stores that
+folder relative to ``<out>`` and the folder an owner file, :func:`clbench.records.state_dir`). Callbacks write
+under ``<out>/artifacts/<run_id>/``. A record holds no absolute path: a copied results folder is self-contained.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import random
 import time
 import traceback
@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from clbench import metrics, progress
+from clbench import files, metrics, progress
+from clbench import records as record_files
 from clbench.callbacks import CallbackContext, CallbackSpec
 from clbench.config import RunSpec, build_config, config_hash
 from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, release_freed_memory, resolve_device
-from clbench.errors import NonFiniteLossError
+from clbench.errors import NonFiniteLossError, OutputError
 from clbench.loggers import ALWAYS_ON
 from clbench.protocol import (
     ParamCount,
@@ -81,7 +82,8 @@ class RunRecord:
     started: str = ""
     finished: str = ""
     reason: str | None = None
-    state_dir: str | None = None
+    state_dir: str | None = None                # relative to the results folder (absolute in older records)
+    checkpoints: dict[str, str] = field(default_factory=dict)     # config field -> content hash of the file read
     version: int = RECORD_VERSION
 
     def to_json(self) -> str:
@@ -94,13 +96,9 @@ class RunRecord:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def write(self, path: str | Path) -> Path:
-        """Atomic write: a temporary file in the same folder, then ``os.replace``."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(self.to_json())
-        os.replace(tmp, path)
-        return path
+        """Atomic write (:func:`clbench.files.write_atomic`: no temporary file is left behind; a full disk is an
+        :class:`~clbench.errors.OutputError`)."""
+        return files.write_atomic(path, self.to_json())
 
 
 def _json_default(obj: Any) -> Any:
@@ -148,11 +146,12 @@ def execute(spec: RunSpec, out_dir: str | Path | None = None) -> RunRecord:
     record = RunRecord(run_id=spec.run_id, status="failed", spec=spec.to_dict(), identity_hash=config_hash(identity),
                        seed=spec.seed, code_fingerprint=spec.code_fingerprint(),
                        strategy_config=identity["strategy"]["resolved"], env=environment(device),
+                       checkpoints=identity.get("checkpoints", {}),
                        started=datetime.now(UTC).isoformat(timespec="seconds"))
     try:
         _execute(spec, device, record, None if out_dir is None else Path(out_dir))
         record.status = "finished"
-    except (KeyboardInterrupt, DatasetNotFound):
+    except (KeyboardInterrupt, DatasetNotFound, OutputError):
         raise
     except Exception as exc:  # noqa: BLE001 - every failure is recorded and the suite goes on
         record.reason = f"{type(exc).__name__}: {exc}"
@@ -216,9 +215,11 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
     summary["extra"] = _extra_metrics(strategy)
     record.metrics = summary
     if out_dir is not None:
-        state_dir = out_dir / "state" / spec.run_id
-        if strategy.save_state(state_dir) is not None:
-            record.state_dir = str(state_dir)
+        relative = Path("state") / spec.run_id
+        with files.writing(out_dir / relative):
+            if strategy.save_state(out_dir / relative) is not None:
+                record_files.write_owner(out_dir / relative, record)
+                record.state_dir = relative.as_posix()
 
 
 def _extra_metrics(strategy: StrategyBase) -> dict[str, float]:

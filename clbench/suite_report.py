@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from clbench import leaderboard, report
+from clbench import files, leaderboard, report
 from clbench import records as record_files
 from clbench.artifacts import CURVE_FILE
 from clbench.metrics import SUMMARIES, MetricSpec, primary
@@ -182,6 +182,4 @@ def write(out_dir: str | Path, records: list[dict] | None = None, plots: Sequenc
         records, _ = record_files.load_dir(out_dir)
     if plots is None:
         plots = report.plot(records, out_dir)
-    path = out_dir / "report.md"
-    path.write_text(render(records, plots, out_dir))
-    return path
+    return files.write_atomic(out_dir / "report.md", render(records, plots, out_dir))

@@ -7,7 +7,7 @@ function and every item carries all that ``fn`` needs, so that both can be pickl
 
 - ``sequential`` (the default): this process, one item after the other, no copies;
 - ``process``: ``workers`` processes on this machine (forked or spawned: :func:`clbench.workers.start_method`), torch
-  threads split between them;
+  threads split between them; they die with the process that started them (:func:`clbench.workers.die_with_parent`);
 - ``ray``: Ray tasks, at most ``workers`` in flight; inside a Ray task too (nested tasks: Ray releases the caller's
   CPU while it waits in ``ray.get``).
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import multiprocessing
+import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Protocol
@@ -29,7 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from clbench.registry import Registry
-from clbench.workers import start_method
+from clbench.workers import die_with_parent, start_method
 
 
 class TaskPool(Protocol):
@@ -55,7 +57,10 @@ class SequentialPool:
         pass
 
 
-def _set_threads(threads: int) -> None:
+def _set_up(threads: int, parent: int) -> None:
+    """A shard worker: ``threads`` torch threads, and it dies with the process that started it."""
+    die_with_parent(parent)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)        # a forked worker inherits the driver's handler
     torch.set_num_threads(threads)
 
 
@@ -74,7 +79,7 @@ class ProcessPool:
         if self._executor is None:
             method = start_method(self.threads, accelerator=False)      # spawn if CUDA is in use here
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
-                                                 initializer=_set_threads, initargs=(self.threads,))
+                                                 initializer=_set_up, initargs=(self.threads, os.getpid()))
         return list(self._executor.map(fn, items))
 
     def close(self) -> None:

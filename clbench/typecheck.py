@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -29,6 +30,20 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxlong, _BRIEF.maxother = 3, 80, 40, 80
+_BRIEF.maxtuple = _BRIEF.maxlist = _BRIEF.maxdict = _BRIEF.maxset = _BRIEF.maxfrozenset = _BRIEF.maxdeque = 6
+BRIEF_LENGTH = 160
+
+
+def brief(value: Any) -> str:
+    """``repr(value)`` cut to a sensible length (at most :data:`BRIEF_LENGTH` characters, nested containers and long
+    strings elided with ``...``) for error messages: the repr of a value read from a YAML file can be gigabytes
+    (nested anchors), and it is built lazily here, never in full."""
+    text = _BRIEF.repr(value)
+    return text if len(text) <= BRIEF_LENGTH else text[:BRIEF_LENGTH - 3] + "..."
 
 
 class TypeMismatch(ValueError):
@@ -118,11 +133,11 @@ def coerce(value: Any, tp: Any, key: str, strict: bool = False) -> Any:
                     return coerce(value, member, key, attempt_strict)
                 except TypeMismatch:
                     pass
-        raise TypeMismatch(key, f"expected {_article(tp)}, got {value!r}")
+        raise TypeMismatch(key, f"expected {_article(tp)}, got {brief(value)}")
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
             return value
-        raise TypeMismatch(key, f"{value!r} is not one of {', '.join(repr(a) for a in args)}")
+        raise TypeMismatch(key, f"{brief(value)} is not one of {', '.join(repr(a) for a in args)}")
     if tp is type(None):
         if value is None:
             return None
@@ -145,14 +160,14 @@ def coerce(value: Any, tp: Any, key: str, strict: bool = False) -> Any:
         if isinstance(value, dict):
             if not args:
                 return dict(value)
-            return {coerce(k, args[0], f"{key}[{k!r}]", strict): coerce(v, args[1], f"{key}.{k}", strict)
+            return {coerce(k, args[0], f"{key}[{brief(k)}]", strict): coerce(v, args[1], f"{key}.{k}", strict)
                     for k, v in value.items()}
     elif isinstance(origin or tp, type):
         if isinstance(value, origin or tp) and not (isinstance(value, bool) and tp is not bool):
             return value
     else:                       # an annotation this checker does not know (a Callable, a Protocol...): accept
         return value
-    raise TypeMismatch(key, f"expected {_article(tp)}, got {value!r}")
+    raise TypeMismatch(key, f"expected {_article(tp)}, got {brief(value)}")
 
 
 def _number(value: Any, strict: bool, allow_int_only: bool) -> int | float | None:
@@ -178,7 +193,7 @@ def _items(value: list | tuple, args: tuple, key: str, strict: bool) -> list:
     if len(args) == 2 and args[1] is Ellipsis:
         args = (args[0],) * len(value)
     elif len(args) != len(value):
-        raise TypeMismatch(key, f"expected {len(args)} items, got {len(value)}: {value!r}")
+        raise TypeMismatch(key, f"expected {len(args)} items, got {len(value)}: {brief(value)}")
     return [coerce(v, a, f"{key}[{i}]", strict) for i, (v, a) in enumerate(zip(value, args))]
 
 
@@ -189,7 +204,7 @@ def check_range(name: str, value: Any, key: str) -> None:
         return
     for x in value if isinstance(value, (list, tuple)) else (value,):
         if isinstance(x, (int, float)) and not isinstance(x, bool) and x not in allowed:
-            raise TypeMismatch(key, f"{x!r} is out of range: {name} must be {allowed}")
+            raise TypeMismatch(key, f"{brief(x)} is out of range: {name} must be {allowed}")
 
 
 def check_values(values: Mapping[str, Any], hints: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -11,7 +11,9 @@ run as failed (or run it again) while the others go on, so it uses this pool::
 - Workers are started with ``start_method`` (``spawn`` by default; :func:`start_method` says when ``fork`` is safe),
   call ``setup(*setup_args)`` once, then run ``fn(item)`` for each item sent to them. They are not daemons, so a job
   may start processes of its own (the shard-member pool of ``--shard-workers``), and they ignore SIGINT: Ctrl-C
-  reaches the parent, which stops them.
+  reaches the parent, which stops them. They die with the parent (:func:`die_with_parent`: the kernel's
+  parent-death signal on Linux, a watchdog on the parent's pid elsewhere): a driver killed with SIGKILL leaves no
+  worker holding its memory behind.
 - An exception raised by ``fn`` is re-raised in the parent (``fn`` should return failures as values; an exception
   is a set-up error that every item would repeat, such as a missing dataset). A worker that exits during a job is
   replaced; its job runs again up to ``retries`` times, then yields :class:`WorkerLost`.
@@ -21,9 +23,13 @@ run as failed (or run it again) while the others go on, so it uses this pool::
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
 import signal
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -64,9 +70,37 @@ class WorkerLost:
                 f"(retries: {self.attempts - 1}); out of memory is a common cause")
 
 
-def _main(conn: Connection, setup: Callable[..., None], setup_args: tuple) -> None:
+PR_SET_PDEATHSIG = 1          # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """Make this process exit when process ``parent`` (the one that started it) does, however it ends (SIGKILL
+    included): on Linux the kernel sends SIGKILL (``prctl(PR_SET_PDEATHSIG)``); elsewhere a daemon thread checks
+    every second whether this process was re-parented. Exits at once if ``parent`` is already gone."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            _watch(parent)
+    else:
+        _watch(parent)
+    if os.getppid() != parent:              # it died before the signal was armed
+        os._exit(1)
+
+
+def _watch(parent: int) -> None:
+    def watchdog() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
+
+
+def _main(conn: Connection, setup: Callable[..., None], setup_args: tuple, parent: int) -> None:
     """A worker's life: set up once, then answer ``(fn, item)`` with ``("ok", result)`` or ``("error", exc)``."""
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)     # the driver's SIGTERM handler is not the worker's
     setup(*setup_args)
     while True:
         try:
@@ -89,7 +123,7 @@ def _main(conn: Connection, setup: Callable[..., None], setup_args: tuple) -> No
 class _Worker:
     def __init__(self, context, setup: Callable[..., None], setup_args: tuple) -> None:
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_main, args=(child, setup, setup_args), daemon=False)
+        self.process = context.Process(target=_main, args=(child, setup, setup_args, os.getpid()), daemon=False)
         self.process.start()
         child.close()
         self.job: tuple[int, Any] | None = None        # (index, item) being run

@@ -37,3 +37,12 @@ def split_digits(*, seed: int = 0, n_experiences: int = 5, class_order: str = "f
                               default_model="mlp")
     return class_incremental(info, torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te),
                              torch.from_numpy(y_te), orders[class_order]())
+
+
+def _check_args(*, n_experiences: int = 5, **_: object) -> None:
+    """What ``split_digits`` refuses when built and can be known from its arguments (the 10 classes cannot be split
+    into ``n_experiences`` steps): checked when a suite loads (:func:`clbench.config.parse_suite`)."""
+    increments_for(10, n_experiences)
+
+
+split_digits.check_args = _check_args

@@ -8,6 +8,7 @@ import yaml
 
 from clbench.config import ConfigError, build_config, load_suite, parse_suite, shipped_suites
 
+SEEDS_RULE = "'seeds' must be a non-empty list of integers from 0 to 2**32 - 1 (not booleans), got"
 GOOD = {"suite": "s", "seeds": [0, 1], "scenarios": [{"name": "synthetic"}],
         "strategies": [{"name": "replay", "preset": "cpu", "args": {"mem_size": 50}}, "naive"]}
 
@@ -103,7 +104,7 @@ def test_select_errors_name_the_suite_the_kind_and_what_it_has():
     assert str(info.value) == "suite 'two' has no strategy 'zzz'. It has: ewc, naive, replay, rp."
     with pytest.raises(ConfigError) as info:
         suite.select(seeds=[-1])
-    assert str(info.value) == "--seeds: 'seeds' must be a non-empty list of integers >= 0 (not booleans), got [-1]."
+    assert str(info.value) == f"--seeds: {SEEDS_RULE} [-1]."
 
 
 def test_run_specs_carry_device_and_amp_in_scenario_strategy_seed_order():
@@ -331,7 +332,7 @@ def test_presets_are_optional_and_a_presets_model_decides_which_model_args_are_v
 
 @pytest.mark.parametrize("change, message", [
     ({"strategies": [{"name": "naive", "label": "a..b"}]}, "bad.yaml: strategies[0] (naive): 'label' 'a..b' may "),
-    ({"seeds": {0: 1}}, "bad.yaml: 'seeds' must be a non-empty list of integers >= 0 (not booleans), got {0: 1}."),
+    ({"seeds": {0: 1}}, f"bad.yaml: {SEEDS_RULE} {{0: 1}}."),
 ])
 def test_labels_leaving_their_folder_and_seeds_that_are_not_a_list_are_refused(change, message):
     with pytest.raises(ConfigError) as info:
@@ -342,7 +343,7 @@ def test_labels_leaving_their_folder_and_seeds_that_are_not_a_list_are_refused(c
 def test_parse_suite_defaults_source_and_seeds():
     with pytest.raises(ConfigError) as info:
         parse_suite([GOOD])
-    assert str(info.value) == ("<suite>: a suite file must be a mapping with keys suite, description, seeds, "
+    assert str(info.value) == ("<suite>: a suite file must be a mapping with keys suite, description, seeds, plugins, "
                                "scenarios, strategies.")
     assert parse_suite({k: v for k, v in GOOD.items() if k != "seeds"}).seeds == (0,)
 
@@ -353,7 +354,7 @@ PATH_RULE = ("may contain only letters, digits, '_', '.', '+' and '-', start wit
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"seeds": []}, "bad.yaml: 'seeds' must be a non-empty list of integers >= 0 (not booleans), got []."),
+    ({"seeds": []}, f"bad.yaml: {SEEDS_RULE} []."),
     ({"suite": 12}, f"bad.yaml: 'suite' 12 {PATH_RULE}"),
     ({"strategies": [{"name": "naive", "label": 5}]}, f"bad.yaml: strategies[0] (naive): 'label' 5 {PATH_RULE}"),
     ({"strategies": [{"name": "replay", "preset": ["cpu"]}]},

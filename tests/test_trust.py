@@ -13,6 +13,7 @@ import yaml
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import executors
+from clbench import records as record_files
 from clbench.cli import main
 from clbench.config import ConfigError, parse_suite
 from clbench.registry import SCENARIOS
@@ -178,7 +179,7 @@ def test_the_forget_method_refuses_unknown_and_empty_ids(shard_run):
     record = RunRecord.load(shard_run)
     spec = RunSpec.from_dict(record.spec)
     strategy = build_strategy(spec, build_scenario(spec).info, torch.device("cpu"))
-    strategy.load_state(record.state_dir)
+    strategy.load_state(record_files.state_dir(shard_run, record_files.read(shard_run)))
     before = strategy.shard_ids()
     for ids, message in (([3, 999999], "not training samples"), ([], "no sample ids")):
         with pytest.raises(ValueError, match=message):

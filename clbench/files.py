@@ -1,0 +1,46 @@
+"""Writing output files (records, leaderboards, plots): atomically, and a failed write as one line that says what to
+do.
+
+:func:`write_atomic` writes a temporary file beside the target and renames it over the target, so a reader sees the
+old file or the new one, never half of one; a temporary file is removed when the write fails (a full disk left
+0-byte ``.tmp`` records behind). :func:`writing` turns an ``OSError`` raised while writing (``ENOSPC`` "No space
+left on device", a read-only or vanished folder, a quota) into a :class:`~clbench.errors.OutputError` naming the
+file: the command line prints it as one line and exits with code 2; records already written are intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from clbench.errors import OutputError
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Run the block that writes ``path``; an ``OSError`` in it becomes an :class:`OutputError`."""
+    try:
+        yield
+    except OSError as exc:
+        raise OutputError.of(path, exc) from exc
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], object] | str) -> Path:
+    """Write ``path`` through a temporary file in the same folder (``write(tmp)``, or the text ``write``), then
+    ``os.replace`` it over ``path``. On failure the temporary file is removed and an :class:`OutputError` raised."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(write, str):
+                tmp.write_text(write)
+            else:
+                write(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return path
