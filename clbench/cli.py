@@ -44,6 +44,7 @@ from clbench.registry import (
     Registry,
     UnknownNameError,
     load_plugin,
+    load_plugins,
 )
 
 
@@ -257,6 +258,8 @@ def write_readme_lists(readme: Path) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
+    if args.check:
+        load_plugins()
     if args.readme:
         write_readme_lists(Path(args.readme))
         print(f"wrote the lists of shipped names into {args.readme}", file=sys.stderr)
@@ -269,6 +272,8 @@ def _list_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", action="store_true", help="markdown lists")
     p.add_argument("--shipped", action="store_true", help="only what ships with clbench (no plugins)")
     p.add_argument("--readme", metavar="PATH", help="write the shipped lists into PATH's lists block (make lists)")
+    p.add_argument("--check", action="store_true",
+                   help="import every plugin module first (slow; list reads the index): shows those that fail")
 
 
 def _show_config(args: argparse.Namespace) -> int:

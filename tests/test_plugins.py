@@ -262,3 +262,17 @@ def test_a_plugin_packages_own_modules_join_the_fingerprint(tmp_path, monkeypatc
     before = fingerprint_of(["test_plugin_pkg.methods"])
     (package / "nets.py").write_text("WIDTH = 16\n")
     assert fingerprint_of(["test_plugin_pkg.methods"]) != before
+
+
+def test_list_reads_the_index_and_list_check_imports_to_find_failures(plugin, monkeypatch, capsys):
+    """A module known from the index is listed from it without importing; --check imports it and shows its cause."""
+    name = plugin("test_plugin_indexed", MISSING_DEPENDENCY)
+    indexed = registry.Source(name, None, "shipped", {"strategy": {"test_half_strategy": "From the index."}})
+    monkeypatch.setattr(registry, "_sources", [*registry.sources(), indexed])
+    assert main(["list"]) == 0
+    listed = capsys.readouterr().out
+    assert "test_half_strategy" in listed and "From the index." in listed and name not in sys.modules
+    assert main(["list", "--check"]) == 0
+    listed = capsys.readouterr().out
+    assert f"{name}" in listed and "UNAVAILABLE: ModuleNotFoundError: No module named 'opacus_is_not_installed_here'" \
+        in listed and "From the index." not in listed
