@@ -17,7 +17,13 @@ non-private step's (a private step that runs the model's ordinary forward and ba
 non-private step's activations and gradients, so no such clipping method can be further below opacus than that
 ratio on this workload).
 
-    python benchmarks/dp_cost.py [--models vit seq] [--steps 5] [--threads 1] [--dim 64]
+- the transformer zoo of tests/_transformer_zoo.py (models written the usual PyTorch way: nn.TransformerEncoderLayer
+  / nn.TransformerDecoderLayer, bare positional tables and class tokens, tied embeddings) at :data:`ZOO_SIZES`, batch
+  :data:`ZOO_BATCH`: ``encoder_batch_first``, ``encoder_sequence_first``, ``tied_causal_lm``, ``decoder_batch_first``,
+  ``vit_cls_token_pos_table`` (``--models zoo`` runs all five). opacus runs them after ``ModuleValidator.fix``
+  (its own attention module in place of nn.MultiheadAttention), or reports why it cannot.
+
+    python benchmarks/dp_cost.py [--models vit seq zoo ...] [--steps 5] [--threads 1] [--dim 64]
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +47,15 @@ from clbench.models.vit import vit
 from clbench.privacy import PrivateTraining, per_sample_grad_norms
 from clbench.protocol import ClassificationInfo
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))        # the repository's tests/ (the zoo) first
+from tests._transformer_zoo import ZOO, Sizes  # noqa: E402
+
 MODES = ("nonprivate", "ours", "opacus_hooks", "opacus_ghost")
 CLIP, SIGMA = 1.0, 1.0
+ZOO_SIZES = Sizes(vocab=2000, length=32, dim=64, heads=4, ff=256, layers=2, classes=10, image=32, features=16)
+ZOO_BATCH = 64
+ZOO_MODELS = ("encoder_batch_first", "encoder_sequence_first", "tied_causal_lm", "decoder_batch_first",
+              "vit_cls_token_pos_table")
 
 
 class SeqModel(nn.Module):
@@ -80,6 +94,11 @@ def workload(name: str, batch: int, device: torch.device, dim: int = 64):
     """``(model, loss, x, y)`` for ``vit`` (width ``dim``, ``dim / 16`` heads) or ``seq``."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
+    if name in ZOO:
+        build, inputs, targets = ZOO[name]
+        loss = SeqLoss() if name == "tied_causal_lm" else nn.CrossEntropyLoss()
+        x, y = inputs(ZOO_SIZES, batch), targets(ZOO_SIZES, batch)
+        return build(ZOO_SIZES).to(device), loss, x.to(device), y.to(device)
     if name == "vit":
         info = ClassificationInfo(name="b", n_classes=100, classes_per_experience=(100,), input_shape=(3, 32, 32))
         model = vit(info, embed_dim=dim, depth=2, num_heads=dim // 16, patch_size=4, fused_attn=False)
@@ -116,6 +135,10 @@ def make_step(mode: str, model: nn.Module, loss: nn.Module, batch: int):
             optimizer.step()
         return step
     from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
+    from opacus.validators import ModuleValidator
+
+    if any(isinstance(m, nn.MultiheadAttention) for m in model.modules()):
+        model = ModuleValidator.fix(model)              # opacus's DPMultiheadAttention in place of torch's
     from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
@@ -223,7 +246,7 @@ def shared_embedding_check(batch: int = 8) -> dict[str, float | bool]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["vit", "seq"], choices=["vit", "seq"])
+    parser.add_argument("--models", nargs="+", default=["vit", "seq"], choices=["vit", "seq", "zoo", *ZOO])
     parser.add_argument("--batch", type=int, default=0, help="default: 256 for vit, 64 for seq")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
@@ -237,8 +260,8 @@ def main() -> None:
         return
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"device {device}, torch threads {args.threads}, {args.steps} timed steps per mode (interleaved)")
-    for name in args.models:
-        batch = args.batch or {"vit": 256, "seq": 64}[name]
+    for name in [m for given in args.models for m in (ZOO_MODELS if given == "zoo" else (given,))]:
+        batch = args.batch or (ZOO_BATCH if name in ZOO else {"vit": 256, "seq": 64}[name])
         times = timing(name, batch, args.steps, device, args.dim)
         mems = {mode: memory(name, mode, batch, args.threads, args.dim) for mode in MODES}
         print(f"\n{name} (batch {batch}{f', dim {args.dim}' if name == 'vit' else ''})")
