@@ -5,7 +5,9 @@ fast gradient clipping (GradSampleModuleFastGradientClipping, ghost clipping + s
 - ``vit``: the suite's small ViT (timm, dim 64, depth 2, 4 heads, patch 4) on 3×32×32 images, 100 classes
   (``--dim`` widens it, e.g. 192 = ViT-Tiny's width, heads ``dim / 16``);
 - ``seq``: a 2-block, d=64, 1-head transformer over item sequences (length 50) with vocabulary 1682 (+ padding) and
-  SHARED input/output item embeddings (``output.weight is items.weight``; the #13 seqrec shape, built here).
+  SHARED input/output item embeddings (``output.weight is items.weight``; the #13 seqrec shape, built here);
+- ``games``: the same model with Amazon Games' vocabulary (23,715 items + padding, issue #22), where the tied
+  output layer (``T·V`` scores a sample) dominates the step.
 
 Time: median seconds per step, the four modes interleaved step by step in ONE process (the machine is shared: ratios
 are more trustworthy than seconds). Memory: each (model, mode) runs in its own subprocess; the number is the peak
@@ -23,7 +25,7 @@ ratio on this workload).
   ``vit_cls_token_pos_table`` (``--models zoo`` runs all five). opacus runs them after ``ModuleValidator.fix``
   (its own attention module in place of nn.MultiheadAttention), or reports why it cannot.
 
-    python benchmarks/dp_cost.py [--models vit seq zoo ...] [--steps 5] [--threads 1] [--dim 64]
+    python benchmarks/dp_cost.py [--models vit seq games zoo ...] [--steps 5] [--threads 1] [--dim 64]
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class SeqLoss(nn.Module):
 
 
 def workload(name: str, batch: int, device: torch.device, dim: int = 64):
-    """``(model, loss, x, y)`` for ``vit`` (width ``dim``, ``dim / 16`` heads) or ``seq``."""
+    """``(model, loss, x, y)`` for ``vit`` (width ``dim``, ``dim / 16`` heads), ``seq`` or ``games``."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     if name in ZOO:
@@ -105,8 +107,9 @@ def workload(name: str, batch: int, device: torch.device, dim: int = 64):
         x, y = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 100, (batch,), generator=g)
         loss = nn.CrossEntropyLoss()
     else:
-        model = SeqModel()
-        x, y = torch.randint(1, 1683, (batch, 50), generator=g), torch.randint(1, 1683, (batch, 50), generator=g)
+        vocab = {"seq": 1683, "games": 23_716}[name]
+        model = SeqModel(vocab)
+        x, y = torch.randint(1, vocab, (batch, 50), generator=g), torch.randint(1, vocab, (batch, 50), generator=g)
         loss = SeqLoss()
     return model.to(device), loss, x.to(device), y.to(device)
 
@@ -246,8 +249,8 @@ def shared_embedding_check(batch: int = 8) -> dict[str, float | bool]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["vit", "seq"], choices=["vit", "seq", "zoo", *ZOO])
-    parser.add_argument("--batch", type=int, default=0, help="default: 256 for vit, 64 for seq")
+    parser.add_argument("--models", nargs="+", default=["vit", "seq"], choices=["vit", "seq", "games", "zoo", *ZOO])
+    parser.add_argument("--batch", type=int, default=0, help="default: 256 for vit, 64 for seq, 32 for games")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dim", type=int, default=64, help="the ViT's width (vit only; heads = dim / 16)")
@@ -261,7 +264,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"device {device}, torch threads {args.threads}, {args.steps} timed steps per mode (interleaved)")
     for name in [m for given in args.models for m in (ZOO_MODELS if given == "zoo" else (given,))]:
-        batch = args.batch or (ZOO_BATCH if name in ZOO else {"vit": 256, "seq": 64}[name])
+        batch = args.batch or (ZOO_BATCH if name in ZOO else {"vit": 256, "seq": 64, "games": 32}[name])
         times = timing(name, batch, args.steps, device, args.dim)
         mems = {mode: memory(name, mode, batch, args.threads, args.dim) for mode in MODES}
         print(f"\n{name} (batch {batch}{f', dim {args.dim}' if name == 'vit' else ''})")

@@ -62,7 +62,9 @@ def adamw(params: Iterable, lr: float, weight_decay: float = 0.0, momentum: floa
 @dataclass(frozen=True)
 class FitSettings:
     """``epochs`` over minibatches of ``batch_size``; per-epoch step schedule :func:`step_decay` ``lr_e = lr ·
-    lr_decay^{|{m ∈ lr_milestones : m ≤ e}|}`` for 0-based epoch ``e`` (no milestones: constant lr)."""
+    lr_decay^{|{m ∈ lr_milestones : m ≤ e}|}`` for 0-based epoch ``e`` (no milestones: constant lr).
+    With ``warmup = w`` instead, the rate changes every step (:meth:`lr_at_step`): a linear warm-up over the first
+    ``W = ⌈w·T⌉`` of the ``T = epochs·⌈n/batch_size⌉`` steps, then a linear decay to 0 (Ding et al.'s recipe)."""
 
     epochs: int
     batch_size: int
@@ -72,9 +74,21 @@ class FitSettings:
     lr_milestones: tuple[int, ...] = ()
     lr_decay: float = 0.1
     momentum: float = 0.9
+    warmup: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.warmup is not None and (not 0 <= self.warmup < 1 or self.lr_milestones):
+            raise ValueError(f"warmup (a fraction of the steps in [0, 1)) replaces lr_milestones; got warmup "
+                             f"{self.warmup} with milestones {self.lr_milestones}.")
 
     def lr_at(self, epoch: int) -> float:
         return step_decay(self.lr, epoch, self.lr_milestones, self.lr_decay)
+
+    def lr_at_step(self, step: int, total: int) -> float:
+        """Warm-up then linear decay, 0-based ``step`` of ``total``: ``lr·(s+1)/W`` for ``s < W = ⌈w·T⌉``, then
+        ``lr·(T−s)/(T−W)``."""
+        warm = math.ceil(self.warmup * total)
+        return self.lr * ((step + 1) / warm if step < warm else (total - step) / (total - warm))
 
     def make_optimizer(self, params: Iterable) -> torch.optim.Optimizer:
         return OPTIMIZERS.get(self.optimizer)(params, lr=self.lr, weight_decay=self.weight_decay,
@@ -133,9 +147,9 @@ def _loop(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterabl
     params = list(params)
     optimizer = settings.make_optimizer(params)
     plan = callbacks.batch_sampler(n, settings.batch_size, settings.epochs)
-    if scheduler is not None and plan is not None:
-        raise ValueError("a per-step scheduler needs fixed-size minibatches; a callback (such as dp's Poisson "
-                         "sampling) replaced them.")
+    if scheduler is not None and (plan is not None or settings.warmup is not None):
+        raise ValueError("a per-step scheduler needs fixed-size minibatches and no warmup setting; a callback "
+                         "(such as dp's Poisson sampling) replaced them, or warmup is set: use one schedule.")
     per_step = scheduler(optimizer, settings.epochs * math.ceil(n / settings.batch_size)) if scheduler else None
     steps = 0
     for epoch in range(settings.epochs):
@@ -143,6 +157,9 @@ def _loop(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterabl
             for group in optimizer.param_groups:
                 group["lr"] = settings.lr_at(epoch)
         for x, y in epoch_batches(plan, epoch):
+            if settings.warmup is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] = settings.lr_at_step(steps, settings.epochs * math.ceil(n / settings.batch_size))
             callbacks.on_batch_start(x, y)
             loss = objective(forward(x), y)
             callbacks.after_forward(loss)

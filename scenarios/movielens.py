@@ -180,8 +180,9 @@ def movielens_seqrec(*, seed: int = 0, n_experiences: int = 1, max_len: int = 50
 
 
 def sequences_scenario(rows: np.ndarray, n_experiences: int, max_len: int, holdout: str = "test",
-                       windows: str = "all", n_items: int = N_ITEMS) -> Scenario:
-    """The scenario of any ``(N, 4)`` interaction table (``user, item, rating, timestamp``; items ``1..n_items``)."""
+                       windows: str = "all", n_items: int = N_ITEMS, name: str = "movielens_seqrec") -> Scenario:
+    """The scenario ``name`` of any ``(N, 4)`` interaction table (``user, item, rating, timestamp``; items
+    ``1..n_items``)."""
     if len(rows) == 0 or rows[:, 1].min() < 1 or rows[:, 1].max() > n_items:
         raise ValueError(f"item ids must lie in 1..{n_items} (0 is padding); got {len(rows)} interactions.")
     sequences = user_sequences(rows, n_experiences)
@@ -195,7 +196,7 @@ def sequences_scenario(rows: np.ndarray, n_experiences: int, max_len: int, holdo
                                      current_experience=k))
         test.append(SimpleNamespace(dataset=Sequences(torch.from_numpy(vx), torch.from_numpy(vy), k),
                                     current_experience=k))
-    info = ScenarioInfo(name="movielens_seqrec", n_experiences=n_experiences, input_shape=(max_len,),
+    info = ScenarioInfo(name=name, n_experiences=n_experiences, input_shape=(max_len,),
                         extra={"n_items": n_items, "max_len": max_len, "padding": 0, "holdout": holdout,
                                "windows": windows})
     return Scenario(info, train, test, RankingEvaluator(n_items, k=10))

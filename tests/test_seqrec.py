@@ -143,3 +143,76 @@ def test_private_reattention_releases_a_noised_frequency_prior_and_counts_it_in_
     assert dp.call.releases == [(2.0, 1.0, 1)]
     spent = dp.extra_metrics()["epsilon"]
     assert spent == privacy.accountant.epsilon(dp.call.history(), dp.delta) and 7.9 < spent <= 8.0
+
+
+def test_automatic_clipping_of_the_tied_model_equals_a_vmap_per_sample_normalization():
+    """Ding et al.'s gradient normalization (automatic clipping, Bu et al. 2023: ``C_i = R / (‖g_i‖ + γ)``, R = 1) on
+    the seqrec model with its shared embedding, σ = 0, training on the last 2 positions (``loss_positions``): the
+    book-kept gradient equals ``Σ_i C_i g_i / B̄`` with ``g_i`` from ``torch.func.vmap`` over per-sample losses
+    (float64); catches a wrong norm of the tied matrix, flat clipping in its place or a lost cross term."""
+    privacy = pytest.importorskip("clbench.privacy")
+    torch.manual_seed(3)
+    model = SeqRec(15, 6, dim=8, dropout=0.0).double()
+    items = torch.randint(0, 16, (5, 6))
+    items[:, -1] = torch.randint(1, 16, (5,))
+    targets = torch.randint(0, 16, (5, 2))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss_one(p, x, y):
+        scores = torch.func.functional_call(model, p, (x[None],), {"last": 2})
+        return next_item_loss(scores, y[None])
+
+    grads = torch.func.vmap(torch.func.grad(loss_one), in_dims=(None, 0, 0))(params, items, targets)
+    norms = torch.cat([g.flatten(1) for g in grads.values()], 1).norm(dim=1)
+    factors = 1.0 / (norms + 0.01)
+    assert (norms > 1.5).all()                                      # far from flat clipping's factor 1 / ‖g‖
+    expected = {n: (factors.view(-1, *[1] * (g.ndim - 1)) * g).sum(0) / 8 for n, g in grads.items()}
+
+    dp = privacy.PrivateTraining(noise_multiplier=1.0, delta=1e-5, clip=1.0, clipping="automatic")
+    dp.setup(CallbackContext(run_id="auto", modules=lambda: {"model": model}, n_train=80))
+    dp.batch_sampler(80, 8, 1)
+    dp.call.sigma = 0.0
+    dp.on_batch_start(items, targets)
+    next_item_loss(model(items, last=2), targets).backward()
+    ours = dp.privatize(list(model.parameters()))
+    torch.testing.assert_close(ours, norms, rtol=1e-9, atol=1e-12)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-9, atol=1e-12)
+
+
+def test_warmup_then_linear_decay_by_hand_and_in_the_loop():
+    """T = 2 epochs · ⌈10/4⌉ = 6 steps, warm-up 0.2 -> W = ⌈1.2⌉ = 2: lr·(1/2, 2/2, 4/4, 3/4, 2/4, 1/4)."""
+    from clbench.training import FitSettings, fit
+    settings = FitSettings(epochs=2, batch_size=4, lr=0.8, optimizer="sgd", warmup=0.2)
+    assert [settings.lr_at_step(s, 6) for s in range(6)] == pytest.approx([0.4, 0.8, 0.8, 0.6, 0.4, 0.2])
+    seen = []
+    from clbench.callbacks import Callback, CallbackList
+
+    class Rates(Callback):
+        def after_step(self, optimizer):
+            seen.append(optimizer.param_groups[0]["lr"])
+
+    callbacks = CallbackList()
+    callbacks.callbacks.append(Rates())
+    model = torch.nn.Linear(2, 1)
+    fit(model, model, model.parameters(), torch.randn(10, 2), torch.randn(10, 1),
+        lambda out, y: (out - y).pow(2).mean(), settings, 0, callbacks)
+    assert seen == pytest.approx([0.4, 0.8, 0.8, 0.6, 0.4, 0.2])
+    with pytest.raises(ValueError, match="replaces lr_milestones"):
+        FitSettings(epochs=2, batch_size=4, lr=0.8, warmup=0.2, lr_milestones=(1,))
+    with pytest.raises(ValueError, match="warmup must be a fraction"):
+        STRATEGIES.get("seqrec").Config(warmup=1.0)
+
+
+def test_loss_positions_trains_on_the_last_positions_only():
+    """``loss_positions = K``: the model scores the last K positions and the loss is the full loss with every
+    earlier target removed."""
+    torch.manual_seed(4)
+    model = SeqRec(20, 5, dim=8, dropout=0.0)
+    items, targets = torch.randint(1, 21, (3, 5)), torch.randint(1, 21, (3, 5))
+    kept = targets.clone()
+    kept[:, :3] = 0
+    torch.testing.assert_close(next_item_loss(model(items, last=2), targets[:, -2:]),
+                               next_item_loss(model(items), kept))
+    with pytest.raises(ValueError, match="loss_positions must be >= 1"):
+        STRATEGIES.get("seqrec").Config(loss_positions=0)

@@ -124,9 +124,12 @@ class SeqRec(nn.Module):
             h, var = block(h, pad, var, param_var, track=i < len(self.blocks) - 1)
         return self.norm(h)
 
-    def forward(self, items: Tensor) -> Tensor:
-        """``(B, L)`` -> scores ``(B, L, V + 1)`` of every item at every position."""
-        return self.output(self.hidden(items))
+    def forward(self, items: Tensor, last: int | None = None) -> Tensor:
+        """``(B, L)`` -> scores ``(B, L, V + 1)`` of every item at every position, or ``(B, last, V + 1)`` at the
+        last ``last`` positions only (the output layer, ``L·V`` scores a sample, dominates the cost at a large
+        vocabulary)."""
+        h = self.hidden(items)
+        return self.output(h if last is None else h[:, -last:])
 
     def last_scores(self, items: Tensor) -> Tensor:
         """Scores ``(B, V)`` of items ``1..V`` for the item after the last position."""
@@ -138,7 +141,8 @@ def next_item_loss(scores: Tensor, targets: Tensor, reduction: str = "mean") -> 
     summed over the positions with a target (``targets > 0``). ``scores (B, L, V + 1)``, ``targets (B, L)``.
     ``mean``: ``(1/B) Σ_i L_i`` (the batch mean of per-sample losses that private training requires); ``sum``;
     ``sample``: the ``(B,)`` losses ``L_i``."""
-    losses = F.cross_entropy(scores[..., 1:].transpose(1, 2), targets - 1, ignore_index=-1, reduction="none").sum(1)
+    losses = F.cross_entropy(scores[..., 1:].flatten(0, 1), (targets - 1).flatten(), ignore_index=-1,
+                             reduction="none").view(targets.shape).sum(1)
     reduce = {"sample": lambda x: x, "sum": torch.sum, "mean": torch.mean}
     if reduction not in reduce:
         raise ValueError(f"reduction must be mean, sum or sample, got {reduction!r}.")
