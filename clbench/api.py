@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from clbench.config import RunSpec, ScenarioEntry, StrategyEntry, build_config, parse_callbacks, parse_suite
+from clbench.config import build_config, parse_suite
 from clbench.protocol import Scenario, ScenarioInfo, StrategyBase
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import RunRecord, execute
@@ -49,13 +49,11 @@ def run(scenario: str, strategy: str, *, scenario_args: dict | None = None, pres
     """Train ``strategy`` on ``scenario`` with ``seed`` through the runner and return the :class:`RunRecord`
     (``status`` is ``"failed"`` with a ``reason`` if training broke). Arguments are validated as a suite file's
     are; ``callbacks`` are ``{"name": ..., "args": {...}}`` entries (or bare names)."""
-    parse_suite({"suite": "api", "scenarios": [{"name": scenario, "args": scenario_args or {}}],
-                 "strategies": [{"name": strategy, "preset": preset, "args": args or {}}], "seeds": [seed]},
-                source="clbench.api.run")
-    spec = RunSpec("api", ScenarioEntry(scenario, dict(scenario_args or {})),
-                   StrategyEntry(strategy, dict(args or {}), preset=preset,
-                                 callbacks=parse_callbacks("clbench.api.run callbacks", list(callbacks))),
-                   seed, device)
+    suite = parse_suite({"suite": "api", "scenarios": [{"name": scenario, "args": scenario_args or {}}],
+                         "strategies": [{"name": strategy, "preset": preset, "args": args or {},
+                                         "callbacks": list(callbacks)}], "seeds": [seed]},
+                        source="clbench.api.run")
+    spec = suite.run_specs(device)[0]          # validated and built once, as a suite file's runs are
     return execute(spec) if out is None else run_and_write(spec, out)
 
 

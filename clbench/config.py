@@ -109,9 +109,17 @@ def _resolve(strategy_name: str, preset: str | None, overrides: dict, where: str
     return config_cls, values, checked
 
 
-USED_ONLY_WITH: dict[str, tuple[str, tuple[str, ...]]] = {
+USED_ONLY_WITH: dict[str, tuple[str, tuple[Any, ...]]] = {
     "momentum": ("optimizer", ("sgd",)),          # Adam and AdamW keep torch's beta1
     "decay_factor": ("mode", ("online",)),        # EWC's separate mode keeps every importance matrix as it is
+    "alpha": ("loss", ("mse",)),                  # the rescaled square loss's α and κ (tangent strategies)
+    "kappa": ("loss", ("mse",)),
+    "sigma_dp": ("attention", ("reattention",)),  # Re-Attention's error model (seqrec)
+    "error_scale": ("attention", ("reattention",)),
+    "prior_noise": ("attention", ("reattention",)),
+    "prune_lambda": ("prune", (True,)),           # DER's channel-mask pruning
+    "prune_s_max": ("prune", (True,)),
+    "prune_init": ("prune", (True,)),
 }
 """Config fields used only when another field of the same Config has one of some values: setting one in a suite's
 ``args`` otherwise would change nothing, so it is refused at load (a field the Config lacks imposes nothing)."""
@@ -120,9 +128,10 @@ USED_ONLY_WITH: dict[str, tuple[str, tuple[str, ...]]] = {
 def _check_used(where: str, config: Any, overrides: dict) -> None:
     for name, (other, values) in USED_ONLY_WITH.items():
         if name in overrides and hasattr(config, other) and getattr(config, other) not in values:
-            raise ConfigError(f"{where}: args.{name} is used only with {other}: {' or '.join(values)} (this entry's "
-                              f"{other} is {brief(getattr(config, other))}), so it would change nothing; remove it "
-                              f"or set {other}.")
+            allowed = " or ".join(map(str, values))
+            raise ConfigError(f"{where}: args.{name} is used only with {other}: {allowed} (this entry's {other} is "
+                              f"{brief(getattr(config, other))}), so it would change nothing; remove it or set "
+                              f"{other}.")
 
 
 def _instantiate(config_cls: type, values: dict, where: str) -> Any:
@@ -306,12 +315,17 @@ class RunSpec:
 
         return code_fingerprint(self.strategy.name, self.scenario.name)
 
-    def identity(self) -> dict:
+    def config(self) -> Any:
+        """The strategy's Config for this run (defaults, preset, args)."""
+        return build_config(self.strategy.name, self.strategy.preset, self.strategy.args)
+
+    def identity(self, config: Any = None) -> dict:
         """What makes two runs the same run (device and amp excluded: they do not change the experiment): the suite,
         the scenario entry, the strategy entry with its resolved hyperparameters, the seed, and the content hash of
         every checkpoint the hyperparameters name (``checkpoints``, only when there is one): overwriting a
-        checkpoint changes the identity, so resume runs again what read the old one."""
-        resolved = config_dict(build_config(self.strategy.name, self.strategy.preset, self.strategy.args))
+        checkpoint changes the identity, so resume runs again what read the old one. ``config``: this run's
+        :meth:`config`, when the caller has built it already."""
+        resolved = config_dict(self.config() if config is None else config)
         identity = {"suite": self.suite, "scenario": dataclasses.asdict(self.scenario),
                     "strategy": {**dataclasses.asdict(self.strategy), "resolved": resolved}, "seed": self.seed}
         checkpoints = checkpoint_hashes(resolved, self.scenario.name)

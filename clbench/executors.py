@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import importlib
 import logging
 import os
@@ -163,15 +162,7 @@ class WorkerSetup:
         for module in self.modules:
             importlib.import_module(module)
         warnings.filters[:] = list(self.warning_filters)     # after the imports: some libraries add their own
-        # records carry the fingerprints the driver took when the suite started, as a sequential suite's do
-        # (computed once per process), so that resume compares like with like even if files change meanwhile
-        original = getattr(fingerprint.code_fingerprint, "keywords", {}).get("fallback", fingerprint.code_fingerprint)
-        known = {(strategy, scenario): value for strategy, scenario, value in self.fingerprints}
-        fingerprint.code_fingerprint = functools.partial(_known_fingerprint, known, fallback=original)
-
-
-def _known_fingerprint(known: dict, strategy: str, scenario: str, fallback) -> str:
-    return known.get((strategy, scenario)) or fallback(strategy, scenario)
+        fingerprint.pin(self.fingerprints)                    # the driver's, taken when the suite started
 
 
 def lost_record(spec: RunSpec, reason: str) -> RunRecord:

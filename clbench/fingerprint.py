@@ -31,9 +31,24 @@ EXCLUDED = frozenset({"clbench.cli", "clbench.executors", "clbench.leaderboard",
 _PACKAGE_DIR = Path(__file__).parent
 
 
-@functools.cache
+_PINNED: dict[tuple[str, str], str] = {}
+
+
+def pin(fingerprints: Iterable[tuple[str, str, str]]) -> None:
+    """Make :func:`code_fingerprint` answer these ``(strategy, scenario, fingerprint)`` values in this process: a
+    worker process records the fingerprints its driver took when the suite started, as a sequential suite does, so
+    that resume compares like with like even if files change meanwhile."""
+    _PINNED.update({(strategy, scenario): value for strategy, scenario, value in fingerprints})
+
+
 def code_fingerprint(strategy: str, scenario: str) -> str:
-    """The fingerprint of a run of STRATEGIES ``strategy`` on SCENARIOS ``scenario`` (computed once per process)."""
+    """The fingerprint of a run of STRATEGIES ``strategy`` on SCENARIOS ``scenario`` (computed once per process,
+    or as :func:`pin` set it)."""
+    return _PINNED.get((strategy, scenario)) or _computed(strategy, scenario)
+
+
+@functools.cache
+def _computed(strategy: str, scenario: str) -> str:
     from clbench.registry import SCENARIOS, STRATEGIES
 
     looked_up = [f"{package}.{p.stem}" for package in LOOKED_UP

@@ -38,7 +38,7 @@ import torch
 from clbench import files, metrics, progress
 from clbench import records as record_files
 from clbench.callbacks import CallbackContext, CallbackSpec
-from clbench.config import RunSpec, build_config, config_hash
+from clbench.config import RunSpec, config_hash
 from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, release_freed_memory, resolve_device
 from clbench.errors import NonFiniteLossError, OutputError
@@ -120,9 +120,9 @@ def record_path(out_dir: str | Path, run_id: str) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------------- runner
-def build_strategy(spec: RunSpec, info: ScenarioInfo, device: torch.device) -> StrategyBase:
-    config = build_config(spec.strategy.name, spec.strategy.preset, spec.strategy.args)
-    return STRATEGIES.get(spec.strategy.name)(info, device, config)
+def build_strategy(spec: RunSpec, info: ScenarioInfo, device: torch.device, config: Any = None) -> StrategyBase:
+    """The run's strategy, with ``config`` (default: :meth:`RunSpec.config`)."""
+    return STRATEGIES.get(spec.strategy.name)(info, device, spec.config() if config is None else config)
 
 
 def build_scenario(spec: RunSpec) -> Scenario:
@@ -142,14 +142,15 @@ def execute(spec: RunSpec, out_dir: str | Path | None = None) -> RunRecord:
     would repeat (a missing dataset) and ``KeyboardInterrupt`` propagate.
     """
     device = resolve_device(spec.device)
-    identity = spec.identity()
+    config = spec.config()                  # built once: the identity's resolved values and the strategy's
+    identity = spec.identity(config)
     record = RunRecord(run_id=spec.run_id, status="failed", spec=spec.to_dict(), identity_hash=config_hash(identity),
                        seed=spec.seed, code_fingerprint=spec.code_fingerprint(),
                        strategy_config=identity["strategy"]["resolved"], env=environment(device),
                        checkpoints=identity.get("checkpoints", {}),
                        started=datetime.now(UTC).isoformat(timespec="seconds"))
     try:
-        _execute(spec, device, record, None if out_dir is None else Path(out_dir))
+        _execute(spec, config, device, record, None if out_dir is None else Path(out_dir))
         record.status = "finished"
     except (KeyboardInterrupt, DatasetNotFound, OutputError):
         raise
@@ -168,7 +169,7 @@ def run(spec: RunSpec, out_dir: str | Path) -> RunRecord:
     return record
 
 
-def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Path | None) -> None:
+def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord, out_dir: Path | None) -> None:
     release_freed_memory()          # before this run's data exists: what earlier runs freed goes back to the OS
     seed_everything(spec.seed)
     scenario = build_scenario(spec)
@@ -176,7 +177,7 @@ def _execute(spec: RunSpec, device: torch.device, record: RunRecord, out_dir: Pa
     record.scenario_info = dataclasses.asdict(info)
     record.metric_specs = [s.to_dict() for s in evaluator.specs]
     seed_everything(spec.seed)
-    strategy = build_strategy(spec, info, device)
+    strategy = build_strategy(spec, info, device, config)
     callbacks = strategy.callbacks
     artifacts = None if out_dir is None else out_dir / "artifacts" / spec.run_id
     callbacks.attach([*ALWAYS_ON, *(CallbackSpec(**c) for c in spec.strategy.callbacks)],
