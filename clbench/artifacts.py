@@ -21,27 +21,29 @@ def read_log(artifacts: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_log(artifacts: str | Path) -> Path:
-    """``<artifacts>/training_curve.png``: loss per logged epoch (one line per member), experiences marked, the
-    learning rate on the right axis."""
+    """``<artifacts>/training_curve.png``: loss per logged epoch against the row's position in the log (the order
+    of training), one line per member (legend up to 8 members), the run's own experiences marked, its learning rate
+    on the right axis."""
     from matplotlib.figure import Figure
 
     rows = read_log(artifacts)
-    figure = Figure(figsize=(6, 3.2), layout="constrained")
+    members = sorted({r["member"] for r in rows})
+    figure = Figure(figsize=(6.4, 3.6), layout="constrained")
     ax = figure.add_subplot()
-    for member in sorted({r["member"] for r in rows}):
-        mine = [r for r in rows if r["member"] == member]
-        ax.plot([r["step"] for r in mine], [r["loss"] for r in mine], marker=".", label=member or "loss")
-    own = [r for r in rows if not r["member"]]
-    for previous, row in zip(own, own[1:]):
-        if row["experience"] != previous["experience"]:
-            ax.axvline(row["step"] - 0.5, color="0.8", linestyle="--", linewidth=0.8)
-    ax.set(xlabel="epoch (all training calls, in order; dashed: next experience)", ylabel="training loss",
+    for member in members:
+        at = [i for i, r in enumerate(rows) if r["member"] == member]
+        ax.plot(at, [rows[i]["loss"] for i in at], marker=".", label=member or "run")
+    own = [i for i, r in enumerate(rows) if not r["member"]]
+    for previous, i in zip(own, own[1:]):
+        if rows[i]["experience"] != rows[previous]["experience"]:
+            ax.axvline(i - 0.5, color="0.8", linestyle="--", linewidth=0.8)
+    ax.set(xlabel="logged epoch (in training order; dashed: next experience)", ylabel="training loss",
            title=Path(artifacts).name)
-    if any(r["lr"] is not None for r in own):
+    if any(rows[i]["lr"] is not None for i in own):
         lr = ax.twinx()
-        lr.plot([r["step"] for r in own], [r["lr"] for r in own], color="0.5", linewidth=0.8)
+        lr.plot(own, [rows[i]["lr"] for i in own], color="0.5", linewidth=0.8)
         lr.set_ylabel("learning rate", color="0.5")
-    if len({r["member"] for r in rows}) > 1:
+    if 1 < len(members) <= 8:
         ax.legend(fontsize="small")
     path = Path(artifacts) / CURVE_FILE
     figure.savefig(path, dpi=80)

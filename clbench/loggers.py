@@ -99,8 +99,10 @@ class TrainingLog(EpochLogger):
             os.close(fd)
 
     def close(self) -> None:
-        """The run's own process draws every row of the file (its members' included) once training is over."""
-        if self.context.artifacts is not None and not self.context.member and self.rows:
+        """The run's own process draws every row of the file once training is over (its members' included: they
+        may be the only ones, as for the tangent strategies, whose training is all member jobs)."""
+        if self.context.artifacts is not None and not self.context.member and (self.context.artifacts /
+                                                                                 LOG_FILE).exists():
             plot_log(self.context.artifacts)
 
 
