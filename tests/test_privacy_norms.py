@@ -252,8 +252,8 @@ def test_unsupported_layer_with_parameters_raises_naming_it(layer):
     layer = layer()
     model = nn.Sequential(nn.Linear(6, 6), layer, nn.Linear(6, 3))
     g = torch.Generator().manual_seed(5)
-    with pytest.raises(UnsupportedLayerError, match=f"no rule for {type(layer).__qualname__}, which owns trainable "
-                                                    f"parameters .*enters the forward through an operation"):
+    with pytest.raises(UnsupportedLayerError, match=f"no rule for {type(layer).__qualname__} at '1', which owns "
+                                                    f"trainable parameters .*enters the forward through an operation"):
         per_sample_grad_norms(model, ce, torch.randn(4, 6, generator=g), torch.tensor([0, 1, 2, 0]))
 
 

@@ -165,9 +165,9 @@ class _Scaled(nn.Module):
 ], ids=["product", "scaled_first", "alpha", "cat_on_samples", "cat_not_expanded"])
 def test_bare_parameter_used_otherwise_is_refused_naming_it(use, why):
     """A bare parameter that does not simply enter the activations additively or by concatenation: one line naming
-    the module type, its parameters, the parameter and why (a rule is needed)."""
+    the module type and where it is, its parameters, the parameter and why (a rule is needed)."""
     x = torch.randn(4, T, D, generator=torch.Generator().manual_seed(8))
-    with pytest.raises(UnsupportedLayerError, match=f"no rule for _Scaled, which owns trainable parameters "
+    with pytest.raises(UnsupportedLayerError, match=f"no rule for _Scaled at '<root>', which owns trainable parameters "
                                                     f"\\['scale'\\]; its parameter 'scale' .*({why})"):
         per_sample_grad_norms(_Scaled(use), ce, x, _labels())
 

@@ -23,7 +23,6 @@ forward has its calls joined along ``T`` per block (cross terms included).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +33,7 @@ from clbench.privacy.rules import (
     Call,
     DirectParts,
     LinearParts,
+    Recorder,
     Rule,
     UnsupportedLayerError,
     as_sequence,
@@ -61,7 +61,7 @@ class _Restore:
         self.module.__dict__.pop("forward", None)
 
 
-def _install(module: nn.MultiheadAttention, record: Callable[[Call], None], rule: Rule) -> list[_Restore]:
+def _install(module: nn.MultiheadAttention, record: Recorder, rule: Rule) -> list[_Restore]:
     if "forward" in module.__dict__:
         raise UnsupportedLayerError(f"{type(module).__name__}: its forward is already replaced (another Tape on "
                                     f"the same model?); close that tape first.")
@@ -73,7 +73,7 @@ def _install(module: nn.MultiheadAttention, record: Callable[[Call], None], rule
     return [_Restore(module)]
 
 
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, role: str, record: Callable[[Call], None]) -> Tensor:
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, role: str, record: Recorder) -> Tensor:
     y = F.linear(x, weight, bias)
     if traced(y):
         record(Call((x.detach(),), y, role=role))
@@ -86,7 +86,7 @@ def _heads(t: Tensor, batch: int, num_heads: int, head_dim: int) -> Tensor:
 
 
 def _project(m: nn.MultiheadAttention, query: Tensor, key: Tensor, value: Tensor,
-             record: Callable[[Call], None]) -> tuple[Tensor, Tensor, Tensor]:
+             record: Recorder) -> tuple[Tensor, Tensor, Tensor]:
     """``q, k, v`` in torch's order of operations: one packed GEMM for self-attention, q and a packed kv for
     key is value, three otherwise."""
     e = m.embed_dim
@@ -109,7 +109,7 @@ def _project(m: nn.MultiheadAttention, query: Tensor, key: Tensor, value: Tensor
     return tuple(_linear(x, wi, bi, role, record) for x, wi, bi, role in zip((query, key, value), ws, bs, "qkv"))
 
 
-def _append_bias(t: Tensor, bias: Tensor, role: str, record: Callable[[Call], None]) -> Tensor:
+def _append_bias(t: Tensor, bias: Tensor, role: str, record: Recorder) -> Tensor:
     """``[t; bias]`` along the key positions (``bias: (1, 1, E)`` repeated over the batch)."""
     rows = bias.repeat(1, t.shape[1], 1)
     if traced(rows):
@@ -117,7 +117,7 @@ def _append_bias(t: Tensor, bias: Tensor, role: str, record: Callable[[Call], No
     return torch.cat([t, rows])
 
 
-def traced_forward(m: nn.MultiheadAttention, record: Callable[[Call], None], query: Tensor, key: Tensor,
+def traced_forward(m: nn.MultiheadAttention, record: Recorder, query: Tensor, key: Tensor,
                    value: Tensor, key_padding_mask: Tensor | None = None, need_weights: bool = True,
                    attn_mask: Tensor | None = None, average_attn_weights: bool = True,
                    is_causal: bool = False) -> tuple[Tensor, Tensor | None]:

@@ -26,7 +26,16 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from clbench.privacy.rules import Call, DirectParts, LinearParts, Rule, UnsupportedLayerError, own, parts_rule
+from clbench.privacy.rules import (
+    Call,
+    DirectParts,
+    LinearParts,
+    Recorder,
+    Rule,
+    UnsupportedLayerError,
+    own,
+    parts_rule,
+)
 
 Recipe = Callable[[Tensor], Tensor]
 
@@ -77,7 +86,7 @@ def _items(args: tuple, kwargs: dict) -> list[Any]:
 class _Follow(TorchFunctionMode):
     """Follows the owner's parameters through one forward (see the module docstring)."""
 
-    def __init__(self, owner: nn.Module, record: Callable[[Call], None]) -> None:
+    def __init__(self, owner: nn.Module, record: Recorder) -> None:
         super().__init__()
         self.owner, self.record = owner, record
         params = own(owner)
@@ -93,10 +102,10 @@ class _Follow(TorchFunctionMode):
     def _refuse(self, origin: Derived, func: Any, why: str) -> UnsupportedLayerError:
         name = getattr(func, "__name__", str(func))
         return UnsupportedLayerError(
-            f"per-sample gradient norms: no rule for {type(self.owner).__qualname__}, which owns trainable "
-            f"parameters {self.names}; its parameter {origin.name!r} {why} ({name}), and only bare "
-            f"parameters added to or concatenated with the activations are followed; freeze them or add a rule with "
-            f"clbench.privacy.register_rule.")
+            f"per-sample gradient norms: no rule for {type(self.owner).__qualname__} at "
+            f"{self.record.where or '<root>'!r}, which owns trainable parameters {self.names}; its parameter "
+            f"{origin.name!r} {why} ({name}), and only bare parameters added to or concatenated with the activations "
+            f"are followed; freeze them or add a rule with clbench.privacy.register_rule.")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -183,7 +192,7 @@ class _Exit:
             h.remove()
 
 
-def _install(module: nn.Module, record: Callable[[Call], None], rule: Rule) -> list:
+def _install(module: nn.Module, record: Recorder, rule: Rule) -> list:
     active: list[_Follow] = []
 
     def enter(m: nn.Module, args: tuple) -> None:

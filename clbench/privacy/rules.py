@@ -55,6 +55,26 @@ class Call:
     role: Any = None
 
 
+class Recorder:
+    """What a rule's hook calls with each :class:`Call` of one module (named ``where`` in its model, for messages):
+    keeps the gradient of ``call.out`` when the backward reaches it, then hands the call to ``store``.
+    ``sample_second``: the module's tensors are ``(T, B, ...)`` and reach the rule as ``(B, T, ...)`` views."""
+
+    def __init__(self, store: Callable[[Call], None], where: str, sample_second: bool) -> None:
+        self.store, self.where, self.sample_second = store, where, sample_second
+
+    def __call__(self, call: Call) -> None:
+        sample_second = self.sample_second
+
+        def keep(grad: Tensor) -> None:
+            call.grad = grad.transpose(0, 1) if sample_second else grad
+        if sample_second:
+            call.saved = tuple(s.transpose(0, 1) for s in call.saved)
+        call.out.register_hook(keep)
+        call.out = None                       # the gradient is what is needed; holding the output would keep it alive
+        self.store(call)
+
+
 @dataclass
 class Rule:
     """How one module type's own parameters get per-sample squared norms and weighted gradient sums.
@@ -70,10 +90,10 @@ class Rule:
     operands: Callable[[nn.Module, list[Call]], Any]
     sq_norms: Callable[[nn.Module, Any], Tensor]
     weighted: Callable[[nn.Module, Any, Tensor], dict[str, Tensor]]
-    hook: Callable[[nn.Module, Callable[[Call], None], Rule], list[RemovableHandle]] | None = None
+    hook: Callable[[nn.Module, Recorder, Rule], list[RemovableHandle]] | None = None
     subtree: bool = False
 
-    def install(self, module: nn.Module, record: Callable[[Call], None]) -> list[RemovableHandle]:
+    def install(self, module: nn.Module, record: Recorder) -> list[RemovableHandle]:
         return (self.hook or forward_hook)(module, record, self)
 
 
@@ -95,7 +115,7 @@ def register_rule(*types: type) -> Callable[[Rule], Rule]:
     return add
 
 
-def forward_hook(module: nn.Module, record: Callable[[Call], None], rule: Rule) -> list[RemovableHandle]:
+def forward_hook(module: nn.Module, record: Recorder, rule: Rule) -> list[RemovableHandle]:
     """The default installation: a forward hook that records ``rule.capture(module, args, output)``."""
     def hook(m: nn.Module, args: tuple, output: Any) -> None:
         call = rule.capture(m, args, output)
@@ -353,7 +373,7 @@ def additive_rule(positions: Callable[[nn.Module], dict[str, slice]], site: Call
     ``site(module)`` is the submodule whose forward receives ``X`` (its argument ``use_input``): a forward
     pre-hook records it. ``positions(module) -> {param name: slice of N}`` (the parameter's shape is
     ``(1, |s|, D)`` or ``(|s|, D)``)."""
-    def hook(module: nn.Module, record: Callable[[Call], None], rule: Rule) -> list[RemovableHandle]:
+    def hook(module: nn.Module, record: Recorder, rule: Rule) -> list[RemovableHandle]:
         def pre(m: nn.Module, args: tuple) -> None:
             x = args[use_input]
             if traced(x):
@@ -383,6 +403,7 @@ position): ``∇cls_i = G_{i,0}``, ``∇pos_i = G_i``, with ``G`` the gradient o
 
 
 __all__ = ["LAYER_NORM", "LAYER_SCALE", "LINEAR", "RULES", "SEQUENCE_FIRST", "Call", "DirectParts", "LinearParts",
-           "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads", "embedding_sq_norms",
-           "embedding_weighted", "matmul_sq_norms", "matmul_weighted", "normalized", "parts_rule", "parts_sq_norms",
-           "parts_weighted", "register_rule", "scale_rule", "stack_rows", "trained_parts", "vector_rule"]
+           "Recorder", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads",
+           "embedding_sq_norms", "embedding_weighted", "matmul_sq_norms", "matmul_weighted", "normalized", "parts_rule",
+           "parts_sq_norms", "parts_weighted", "register_rule", "scale_rule", "stack_rows", "trained_parts",
+           "vector_rule"]

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from clbench.privacy.bare import BARE_PARAMETERS
-from clbench.privacy.rules import RULES, SEQUENCE_FIRST, Call, Rule, UnsupportedLayerError, own
+from clbench.privacy.rules import RULES, SEQUENCE_FIRST, Call, Recorder, Rule, UnsupportedLayerError, own
 from clbench.privacy.tied import cross_sq_norms, tie
 
 
@@ -75,18 +75,8 @@ class Tape:
         self.ties = [tie(owners) for owners in self.owners.values() if len(owners) > 1]
         self.reset()
 
-    def _recorder(self, module: nn.Module, sample_second: bool):
-        """Records ``module``'s calls; ``sample_second``: its tensors are ``(T, B, ...)`` and reach the rule as
-        ``(B, T, ...)`` views."""
-        def record(call: Call) -> None:
-            def keep(grad: Tensor) -> None:
-                call.grad = grad.transpose(0, 1) if sample_second else grad
-            if sample_second:
-                call.saved = tuple(s.transpose(0, 1) for s in call.saved)
-            call.out.register_hook(keep)
-            call.out = None                   # the gradient is what is needed; holding the output would keep it alive
-            self.calls.setdefault(module, []).append(call)
-        return record
+    def _recorder(self, module: nn.Module, sample_second: bool) -> Recorder:
+        return Recorder(lambda call: self.calls.setdefault(module, []).append(call), self.names[module], sample_second)
 
     def reset(self) -> None:
         """Forget the recorded calls (before the next forward)."""
