@@ -109,27 +109,29 @@ def _resolve(strategy_name: str, preset: str | None, overrides: dict, where: str
     return config_cls, values, checked
 
 
-USED_ONLY_WITH: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "momentum": ("optimizer", ("sgd",)),          # Adam and AdamW keep torch's beta1
-    "decay_factor": ("mode", ("online",)),        # EWC's separate mode keeps every importance matrix as it is
-    "alpha": ("loss", ("mse",)),                  # the rescaled square loss's α and κ (tangent strategies)
-    "kappa": ("loss", ("mse",)),
-    "sigma_dp": ("attention", ("reattention",)),  # Re-Attention's error model (seqrec)
-    "error_scale": ("attention", ("reattention",)),
-    "prior_noise": ("attention", ("reattention",)),
-    "prune_lambda": ("prune", (True,)),           # DER's channel-mask pruning
-    "prune_s_max": ("prune", (True,)),
-    "prune_init": ("prune", (True,)),
+USED_ONLY_WITH: dict[str, tuple[str, typing.Callable[[Any], bool], str]] = {
+    "momentum": ("optimizer", lambda v: v == "sgd", "sgd"),        # Adam and AdamW keep torch's beta1
+    "decay_factor": ("mode", lambda v: v == "online", "online"),  # EWC's separate mode keeps every matrix as it is
+    "alpha": ("loss", lambda v: v == "mse", "mse"),                # the rescaled square loss's α and κ (tangent)
+    "kappa": ("loss", lambda v: v == "mse", "mse"),
+    "sigma_dp": ("attention", lambda v: v == "reattention", "reattention"),      # Re-Attention's error model
+    "error_scale": ("attention", lambda v: v == "reattention", "reattention"),
+    "prior_noise": ("attention", lambda v: v == "reattention", "reattention"),
+    "prune_lambda": ("prune", lambda v: v is True, "true"),        # DER's channel-mask pruning
+    "prune_s_max": ("prune", lambda v: v is True, "true"),
+    "prune_init": ("prune", lambda v: v is True, "true"),
+    "crop_padding": ("augment", lambda v: "crop" in v, "a list with crop"),     # DyTox's random crop
+    "warmup_lr": ("warmup_epochs", lambda v: v > 0, "at least 1"),               # DyTox's warm-up start
 }
-"""Config fields used only when another field of the same Config has one of some values: setting one in a suite's
-``args`` otherwise would change nothing, so it is refused at load (a field the Config lacks imposes nothing)."""
+"""Config fields used only when another field of the same Config has some value: ``{field: (other field, test of
+its value, what the test asks for)}``. Setting such a field in a suite's ``args`` while the other field fails the
+test would change nothing, so it is refused at load (a Config without the other field imposes nothing)."""
 
 
 def _check_used(where: str, config: Any, overrides: dict) -> None:
-    for name, (other, values) in USED_ONLY_WITH.items():
-        if name in overrides and hasattr(config, other) and getattr(config, other) not in values:
-            allowed = " or ".join(map(str, values))
-            raise ConfigError(f"{where}: args.{name} is used only with {other}: {allowed} (this entry's {other} is "
+    for name, (other, used, wanted) in USED_ONLY_WITH.items():
+        if name in overrides and hasattr(config, other) and not used(getattr(config, other)):
+            raise ConfigError(f"{where}: args.{name} is used only with {other}: {wanted} (this entry's {other} is "
                               f"{brief(getattr(config, other))}), so it would change nothing; remove it or set "
                               f"{other}.")
 
