@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from clbench.scenarios.movielens import HOLDOUTS, WINDOWS, sequences_scenario
 
 from clbench.data.catalog import DatasetSpec, Layout, SplitArrays, locate
 from clbench.data.errors import DatasetNotFound
 from clbench.protocol import Scenario
 from clbench.registry import SCENARIOS
+from clbench.scenarios.movielens import HOLDOUTS, WINDOWS, sequences_scenario
 
 GAMES_ITEMS = 23_715
 ML1M_URL = "https://files.grouplens.org/datasets/movielens/ml-1m.zip"

@@ -122,10 +122,23 @@ class PerTaskConfig(PETLStrategyConfig):
 
 
 PRESETS: dict[str, dict] = {
-    "full": {},
+    # the paper's sizes (r = 512, MAM's l = 30) need a wide backbone: a ViT-B-width model (GPU scale, not run here)
+    "full": {"model_args": {"embed_dim": 768, "depth": 12, "num_heads": 12, "patch_size": 4}},
     # CPU scale (CPU_SCALE.md): dim-64 ViT, batch 32, 3 epochs per experience
     "cpu": {"epochs": 3, "batch_size": 32},
 }
+
+CPU_SIZES: dict[str, dict] = {
+    "adapter_seq": {"size": 20}, "adapter_par": {"size": 20}, "scaled_par_adapter": {"size": 20},
+    "mh_par_adapter": {"size": 8}, "mam": {"size": 19, "prefix_length": 1},
+}
+"""Each method's sizes at the dim-64 ViT in the ``cpu`` preset: the ~5% budget of suites/petl.yaml (the paper's
+r = 512 is above the width d = 64 and is refused there; the other methods' defaults fit)."""
+
+
+def method_presets(method: str) -> dict[str, dict]:
+    """:data:`PRESETS` with the method's ``cpu`` sizes (:data:`CPU_SIZES`) added."""
+    return {**PRESETS, "cpu": {**PRESETS["cpu"], **CPU_SIZES.get(method, {})}}
 
 
 # ------------------------------------------------------------------------------------------------------ models
@@ -403,7 +416,8 @@ def _register() -> None:
         for suffix, base in VARIANTS.items():
             config = type(f"{title}{base.Config.__name__}", (base.Config,), {"method": method, "__module__": __name__})
             cls = type(f"{title}{base.__name__}", (base,), {"method": method, "__module__": __name__,
-                                                          "__doc__": f"{base.summary} {doc}", "Config": config})
+                                                          "__doc__": f"{base.summary} {doc}", "Config": config,
+                                                          "PRESETS": method_presets(method)})
             STRATEGIES.register(method + suffix)(cls)
 
 

@@ -75,7 +75,8 @@ def test_version_and_program_names():
 
 def test_help_and_list_import_no_plugin_module_and_no_torch():
     """The fast start: names and summaries come from the registries' index (see README, Startup)."""
-    code = ("import contextlib, sys\nfrom clbench.cli import main\nwith contextlib.suppress(SystemExit):\n    main({})\n"
+    code = ("import contextlib, sys\nfrom clbench.cli import main\n"
+            "with contextlib.suppress(SystemExit):\n    main({})\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'avalanche', 'numpy', 'timm') or "
             "m.startswith(('clbench.strategies.', 'clbench.scenarios.', 'clbench.models.'))))")
     for argv in (["list"], ["--help"], ["run", "--help"]):

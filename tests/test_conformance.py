@@ -13,7 +13,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from clbench.scenarios.movielens import sequences_scenario
 from torch import nn
 
 from clbench.callbacks import Callback, CallbackContext, CallbackList, CallbackSpec
@@ -22,6 +21,7 @@ from clbench.config import build_config
 from clbench.data.errors import DatasetNotFound
 from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import CALLBACKS, MODELS, SCENARIOS, STRATEGIES
+from clbench.scenarios.movielens import sequences_scenario
 from clbench.training import FitSettings, fit
 
 

@@ -35,6 +35,8 @@ from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
 from tests.test_contract import SCENARIO_FOR, _tiny
 
+pytestmark = pytest.mark.sweep      # ~15 min on one core: `make test-sweep` (run by .ci/run after `make test`)
+
 SYNTHETIC = {"n_classes": 6, "n_experiences": 3, "train_per_class": 8, "test_per_class": 4}
 """Three experiences: what a memory or an importance matrix keeps after the first one changes the last training."""
 def _preset(name: str) -> str:
