@@ -1,7 +1,6 @@
 # make bench : create .venv if needed, install, run the quick suite (split_digits, embedded, no download; --jobs auto:
 #              one run per core, 1 torch thread each)
-# make test  : create .venv if needed, install, run the test suite (all but the field sweep)
-# make test-sweep : the every-Config-field sweep (tests/test_fields.py; ~15 min on one core; .ci/run runs it too)
+# make test  : create .venv if needed, install, run the test suite
 # make lint  : ruff
 # make mutation : mutmut over the core modules, score per module + surviving mutants (docs/testing.md; slow)
 # make lists : after changing a shipped strategy/scenario/model/callback/command module: rewrite the registries'
@@ -18,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # torch is pinned to the tested build; pip takes it from the local wheel cache where one exists
 TORCH := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: bench test test-sweep lint mutation lists venv clean-venv
+.PHONY: bench test lint mutation lists venv clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,10 +32,7 @@ bench: $(STAMP)
 	$(PY) run_bench.py --suite quick
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -p no:cacheprovider -m "not sweep" tests
-
-test-sweep: $(STAMP)
-	$(PY) -m pytest -n 2 -p no:cacheprovider -m sweep tests
+	$(PY) -m pytest -n 2 -p no:cacheprovider tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check clbench strategies scenarios tests benchmarks examples run_bench.py setup.py

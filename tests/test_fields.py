@@ -10,8 +10,8 @@ that the configuration accepts and that train are tried, and one changed result 
 ``model: mlp`` for ``auto``, changes nothing and is not a defect). A field whose every other value is refused at
 load is fine (``momentum`` under Adam: :data:`clbench.config.USED_ONLY_WITH`). :data:`CONTEXT` gives the settings a
 field needs to act at all, :data:`SAME_HERE` the fields that train the same on this tiny balanced data and why,
-:data:`OPEN` the ignored settings found in files owned elsewhere and being fixed there. About 15 minutes on one core
-(2-core VM); one strategy: ``pytest tests/test_fields.py -k lwf``."""
+:data:`OPEN` the ignored settings found in files owned elsewhere and being fixed there. About 2 minutes with
+``-n 2`` on the quiet 2-core VM (7-17 minutes when loaded); one strategy: ``pytest tests/test_fields.py -k lwf``."""
 
 from __future__ import annotations
 
@@ -34,8 +34,6 @@ from clbench.config import (
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
 from tests.test_contract import SCENARIO_FOR, _tiny
-
-pytestmark = pytest.mark.sweep      # ~15 min on one core: `make test-sweep` (run by .ci/run after `make test`)
 
 SYNTHETIC = {"n_classes": 6, "n_experiences": 3, "train_per_class": 8, "test_per_class": 4}
 """Three experiences: what a memory or an importance matrix keeps after the first one changes the last training."""
