@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from clbench.config import parse_suite
 from clbench.executors import LocalExecutor, RayExecutor
+from clbench.suite_file import parse_suite
 
 SIZES = {"smoke": {"train_per_class": 20, "test_per_class": 10, "epochs": 1},
          "full": {"train_per_class": 2000, "test_per_class": 200, "epochs": 4},

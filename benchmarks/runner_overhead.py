@@ -23,9 +23,10 @@ from avalanche.evaluation.metrics import accuracy_metrics
 from avalanche.training.plugins import EvaluationPlugin
 
 import clbench.strategies.baselines as baselines
-from clbench.config import RunSpec, ScenarioEntry, StrategyEntry, build_config
+from clbench.config import build_config
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import run, seed_everything
+from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
 
 
 def plain_avalanche(spec: RunSpec) -> tuple[float, float]:

@@ -15,7 +15,7 @@
 
 :func:`run` goes through the same runner as ``run_bench.py`` (same seeding, evaluation, metrics and checks) and
 writes nothing unless ``out`` is given (then the record, callback artifacts and saved state go under it, as a suite
-run's would). Unknown names and hyperparameters raise :class:`~clbench.config.ConfigError` /
+run's would). Unknown names and hyperparameters raise :class:`~clbench.errors.ConfigError` /
 :class:`~clbench.registry.UnknownNameError` with suggestions.
 """
 
@@ -25,11 +25,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from clbench.config import build_config, parse_suite
+from clbench.config import build_config
 from clbench.protocol import Scenario, ScenarioInfo, StrategyBase
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import RunRecord, execute
 from clbench.runner import run as run_and_write
+from clbench.suite_file import parse_suite
 
 
 def scenario(name: str, seed: int = 0, **args: Any) -> Scenario:

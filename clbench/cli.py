@@ -31,8 +31,8 @@ import yaml
 
 from clbench import __version__
 from clbench import records as record_files
-from clbench.config import ConfigError, build_config, load_suite, shipped_suites
-from clbench.errors import OutputError
+from clbench.config import build_config
+from clbench.errors import ConfigError, OutputError
 from clbench.registry import (
     CALLBACKS,
     COMMANDS,
@@ -46,6 +46,7 @@ from clbench.registry import (
     load_plugin,
     load_plugins,
 )
+from clbench.suite_file import load_suite, shipped_suites
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ def cpu_model() -> str:
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` -> ``cuda`` when available, else ``cpu``. Anything but ``cpu``, ``cuda[:N]`` with that GPU present
-    or ``mps`` where available raises :class:`~clbench.config.ConfigError` (the CLI checks it before any run)."""
-    from clbench.config import ConfigError
+    or ``mps`` where available raises :class:`~clbench.errors.ConfigError` (the CLI checks it before any run)."""
+    from clbench.errors import ConfigError
 
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

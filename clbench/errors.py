@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
+from collections.abc import Iterable
 from pathlib import Path
+
+from clbench.typecheck import brief
 
 
 class NonFiniteLossError(RuntimeError):
@@ -24,3 +28,23 @@ class OutputError(RuntimeError):
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         return cls(f"cannot write {path}: {exc.strerror or exc}; {'free some space' if full else 'check the folder'} "
                    f"and rerun the same command (finished records are kept; it resumes).")
+
+
+class ConfigError(ValueError):
+    """A suite file, hyperparameter set or command-line choice that cannot be used as written; the message says
+    what to change. The command line prints it as one line and exits with code 2."""
+
+
+def suggest(key: str, known: Iterable[str]) -> str:
+    """The hint ``" Did you mean 'x'?"`` for the names of ``known`` close to ``key`` (empty when none is)."""
+    close = difflib.get_close_matches(key, list(known), n=2, cutoff=0.5)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def check_keys(where: str, given: dict, known: Iterable[str]) -> None:
+    """A :class:`ConfigError` naming ``where`` for the first key of ``given`` that is not in ``known``."""
+    known = list(known)
+    for key in given:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {brief(key)}.{suggest(str(key), known)} "
+                              f"Allowed keys: {', '.join(known)}.")

@@ -46,10 +46,11 @@ import torch
 from clbench import fingerprint, progress, tasks
 from clbench import records as record_files
 from clbench.callbacks import CALLBACKS
-from clbench.config import RunSpec, config_hash
+from clbench.config import config_hash
 from clbench.environment import environment, resolve_device
 from clbench.registry import SCENARIOS, STRATEGIES, Registry, load_plugins
 from clbench.runner import RunRecord, record_path, run
+from clbench.specs import RunSpec
 from clbench.workers import WorkerLost, WorkerPool, start_method
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""One :class:`~clbench.config.RunSpec` -> one :class:`RunRecord` (in memory; a JSON file written atomically by
+"""One :class:`~clbench.specs.RunSpec` -> one :class:`RunRecord` (in memory; a JSON file written atomically by
 :func:`run`).
 
 ::
@@ -38,7 +38,7 @@ import torch
 from clbench import files, metrics, progress
 from clbench import records as record_files
 from clbench.callbacks import CallbackContext, CallbackSpec
-from clbench.config import RunSpec, config_hash
+from clbench.config import config_hash
 from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, release_freed_memory, resolve_device
 from clbench.errors import NonFiniteLossError, OutputError
@@ -53,6 +53,7 @@ from clbench.protocol import (
     hooks_checked,
 )
 from clbench.registry import SCENARIOS, STRATEGIES
+from clbench.specs import RunSpec
 
 RECORD_VERSION = 1
 

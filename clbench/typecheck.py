@@ -13,13 +13,17 @@ Everything else must already have the annotated type: a ``bool`` is never a numb
 never a string, ``None`` only where the annotation allows it. In a union, a member the value already has wins over
 one it would be coerced to (``int | str`` keeps ``"1"`` a string). ``Literal`` values must be one of the listed ones.
 
-Value ranges come from :data:`RANGES`, by field name, so that every strategy, model and scenario gets them without
-code of its own (``epochs >= 1``, ``mem_size >= 0``, ``lr > 0``, ``momentum`` in ``[0, 1]``...); a field with
-another range checks it in its ``Config.__post_init__`` (a ``ValueError`` there is a configuration error too).
+Value ranges live here and only here: :data:`RANGES` (by field name, then :data:`RANGE_SUFFIXES`,
+:data:`RANGE_PREFIXES`), so that every strategy, model and scenario gets them without code of its own (``epochs >=
+1``, ``mem_size >= 0``, ``lr > 0``, ``momentum`` in ``[0, 1]``...). The suite loader checks them on the values read
+(:func:`check_values`); a strategy's ``Config`` dataclass derives from :class:`RangeChecked`, so one built in Python
+is checked by the same function. A ``Config.__post_init__`` checks only what is not a range: names from a registry
+and settings that exclude each other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import reprlib
@@ -83,10 +87,15 @@ RANGES: dict[str, Range] = {
     "weight_decay": NON_NEGATIVE, "alpha": NON_NEGATIVE, "beta": NON_NEGATIVE, "ridge": NON_NEGATIVE,
     "kappa": POSITIVE, "depth": AT_LEAST_1, "num_heads": AT_LEAST_1, "embed_dim": AT_LEAST_1,
     "width": AT_LEAST_1, "hidden": AT_LEAST_1, "last_blocks": NON_NEGATIVE, "seed": NON_NEGATIVE,
+    "warmup": HALF_OPEN_FRACTION, "sigma_dp": NON_NEGATIVE, "prior_noise": POSITIVE, "loss_positions": AT_LEAST_1,
+    "route_holdout": NON_NEGATIVE, "prune_s_max": Range(1, open_low=True), "prune_init": POSITIVE,
+    "size": AT_LEAST_1, "prefix_length": AT_LEAST_1, "prefix_reparam": NON_NEGATIVE, "scale": POSITIVE,
+    "lora_alpha": POSITIVE,
 }
 RANGE_SUFFIXES: tuple[tuple[str, Range], ...] = (
     ("_epochs", NON_NEGATIVE), ("_size", AT_LEAST_1), ("_lr", NON_NEGATIVE), ("_lambda", NON_NEGATIVE),
     ("_alpha", NON_NEGATIVE), ("_milestones", NON_NEGATIVE), ("_per_class", AT_LEAST_1), ("_padding", NON_NEGATIVE),
+    ("_temperature", POSITIVE),
 )
 RANGE_PREFIXES: tuple[tuple[str, Range], ...] = (("n_", AT_LEAST_1),)
 
@@ -216,3 +225,13 @@ def check_values(values: Mapping[str, Any], hints: Mapping[str, Any], prefix: st
         out[name] = coerce(value, hints[name], key) if name in hints else value
         check_range(name, out[name], key)
     return out
+
+
+class RangeChecked:
+    """Base of the strategies' ``Config`` dataclasses: at construction every field is checked against its range
+    (:func:`check_range`, the loader's check), so a Config built in Python gets the ranges a suite file gets.
+    A subclass's ``__post_init__`` calls ``super().__post_init__()``."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            check_range(f.name, getattr(self, f.name), f.name)

@@ -41,7 +41,7 @@ def split_digits(*, seed: int = 0, n_experiences: int = 5, class_order: str = "f
 
 def _check_args(*, n_experiences: int = 5, **_: object) -> None:
     """What ``split_digits`` refuses when built and can be known from its arguments (the 10 classes cannot be split
-    into ``n_experiences`` steps): checked when a suite loads (:func:`clbench.config.parse_suite`)."""
+    into ``n_experiences`` steps): checked when a suite loads (:func:`clbench.suite_file.parse_suite`)."""
     increments_for(10, n_experiences)
 
 

@@ -34,10 +34,11 @@ from clbench.models.classifier import build_classifier
 from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
 from clbench.registry import STRATEGIES
 from clbench.training import OPTIMIZERS
+from clbench.typecheck import RangeChecked
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(RangeChecked):
     """Hyperparameters every Avalanche baseline shares."""
 
     model: str = "auto"                 # a MODELS name; "auto" = the scenario's default backbone
@@ -53,10 +54,9 @@ class TrainConfig:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("epochs and batch_size must be positive")
 
 
 # Presets shared by every baseline: ``cpu`` sizes runs for 2-core machines (see CPU_SCALE.md: small batches give

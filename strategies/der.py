@@ -59,11 +59,12 @@ from clbench.models.der import DERNet, DEROutput, der_linear
 from clbench.protocol import ClassificationInfo
 from clbench.registry import STRATEGIES
 from clbench.training import OPTIMIZERS
+from clbench.typecheck import RangeChecked
 
 
 # ------------------------------------------------------------------------------------------------------- config
 @dataclass
-class DERConfig:
+class DERConfig(RangeChecked):
     """Hyperparameters; the defaults are the official CIFAR-100 B0 schedule (the ``full`` preset). The backbone is
     the scenario's unless ``model`` names one: the official CIFAR extractor is ``model: resnet18`` (suite
     ``der_full``)."""
@@ -101,16 +102,11 @@ class DERConfig:
     prune_init: float = 1.0                      # e_l at the start of each task (all channels open)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.correction not in CORRECTIONS:
             raise ValueError(f"correction must be one of {sorted(CORRECTIONS)}, got {self.correction!r}")
         if self.memory not in MEMORIES.names():
             raise ValueError(f"memory must be one of {MEMORIES.names()}, got {self.memory!r}")
-        if min(self.epochs, self.first_epochs or 1, self.batch_size) < 1 or self.retrain_epochs < 0:
-            raise ValueError("epochs, first_epochs and batch_size must be positive, retrain_epochs >= 0")
-        if self.prune_s_max <= 1 or self.prune_lambda < 0 or self.prune_init <= 0:
-            raise ValueError("prune_s_max must be > 1, prune_lambda >= 0 and prune_init > 0")
-        if self.retrain_temperature <= 0:
-            raise ValueError(f"retrain_temperature must be > 0, got {self.retrain_temperature}")
         self.milestones, self.first_milestones = tuple(self.milestones), tuple(self.first_milestones)
         self.retrain_milestones = tuple(self.retrain_milestones)
 

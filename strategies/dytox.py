@@ -57,11 +57,12 @@ from clbench.cl import (
 from clbench.models.dytox import ARCHS, DyToxArch, DyToxNet, DyToxOutput, TaskClassifier
 from clbench.protocol import ScenarioInfo
 from clbench.registry import STRATEGIES
+from clbench.typecheck import RangeChecked
 
 
 # ------------------------------------------------------------------------------------------------------- config
 @dataclass
-class DyToxConfig:
+class DyToxConfig(RangeChecked):
     """Hyperparameters; the defaults are the paper's CIFAR-100 setting (the ``full`` preset)."""
 
     arch: str = "cifar"                          # a key of clbench.models.dytox.ARCHS
@@ -88,6 +89,7 @@ class DyToxConfig:
     crop_padding: int = 4
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {self.arch!r}")
         if self.memory not in MEMORIES:

@@ -83,8 +83,6 @@ class PETLStrategyConfig(MethodArgs):
         super().__post_init__()
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("epochs and batch_size must be positive")
         if self.method:
             unused = unused_fields(self.method, self)
             if unused:
@@ -104,8 +102,6 @@ class SharedConfig(PETLStrategyConfig):
         super().__post_init__()
         if self.memory not in MEMORIES:
             raise ValueError(f"memory must be one of {MEMORIES.names()}, got {self.memory!r}")
-        if self.mem_size < 0:
-            raise ValueError(f"mem_size must be >= 0, got {self.mem_size}")
 
 
 @dataclass
@@ -114,11 +110,6 @@ class PerTaskConfig(PETLStrategyConfig):
     measure ``route_acc``."""
 
     route_holdout: int = 200
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.route_holdout < 0:
-            raise ValueError(f"route_holdout must be >= 0, got {self.route_holdout}")
 
 
 PRESETS: dict[str, dict] = {

@@ -13,10 +13,11 @@ from torch import Tensor, nn
 
 from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
 from clbench.registry import STRATEGIES
+from clbench.typecheck import RangeChecked
 
 
 @dataclass
-class MostPopularConfig:
+class MostPopularConfig(RangeChecked):
     """No hyperparameters: the counts are the training data's."""
 
 

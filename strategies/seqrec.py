@@ -28,10 +28,11 @@ from clbench.privacy.step import PrivateTraining
 from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
 from clbench.registry import STRATEGIES
 from clbench.training import OPTIMIZERS, FitSettings, fit
+from clbench.typecheck import RangeChecked
 
 
 @dataclass
-class SeqRecConfig:
+class SeqRecConfig(RangeChecked):
     """Defaults: the paper's model (2 blocks, d = 64, 1 head, learned positions, shared embeddings) with SASRec's
     training recipe (Adam 1e-3, batch 128, dropout 0.2, 200 epochs; the DP paper's own epochs/batch were not
     available here). ``sigma_dp``: Re-Attention's σ_dp when no DP callback supplies one; ``error_scale``
@@ -62,22 +63,13 @@ class SeqRecConfig:
     loss_positions: int | None = None        # train on each window's last K positions only (None: all L)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {sorted(ATTENTIONS)}, got {self.attention!r}.")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}.")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}.")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError(f"epochs and batch_size must be positive, got {self.epochs} and {self.batch_size}.")
-        if self.sigma_dp is not None and self.sigma_dp < 0:
-            raise ValueError(f"sigma_dp must be >= 0, got {self.sigma_dp}.")
-        if not self.prior_noise > 0:
-            raise ValueError(f"prior_noise must be > 0, got {self.prior_noise}.")
-        if self.warmup is not None and not 0 <= self.warmup < 1:
-            raise ValueError(f"warmup must be a fraction of the steps in [0, 1), got {self.warmup}.")
-        if self.loss_positions is not None and self.loss_positions < 1:
-            raise ValueError(f"loss_positions must be >= 1 (None: every position), got {self.loss_positions}.")
 
 
 def item_counts(x: Tensor, n_items: int) -> Tensor:

@@ -37,12 +37,13 @@ from clbench.tangent.losses import tangent_objective
 from clbench.tangent.members import MemberJob, train_delta, train_tail
 from clbench.tangent.tail import TailModel
 from clbench.training import OPTIMIZERS, FitSettings, fit
+from clbench.typecheck import RangeChecked
 
 WEIGHTINGS = ("uniform", "samples")
 
 
 @dataclass
-class FineTuneConfig:
+class FineTuneConfig(RangeChecked):
     """Shared by all strategies of this module. Defaults: the TAFT recipe (last attention block linearized,
     rescaled square loss α=1, κ=15, batch 32, Adam 1e-3, no augmentation). The ``full`` preset adds the rest of the
     authors' released ViT composition setting (``tangent-model-composition``: ``scripts/compose_vit.sh``,
@@ -72,12 +73,11 @@ class FineTuneConfig:
     linearize_cls: bool = False        # tangent CLS token (taft only; disables the prefix cache)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
-        if self.n_shards < 1 or self.epochs < 1 or self.last_blocks < 0:
-            raise ValueError("n_shards and epochs must be positive, last_blocks >= 0 (0: final norm + head only)")
         self.lr_milestones = tuple(int(m) for m in self.lr_milestones)
 
     @property

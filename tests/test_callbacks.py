@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from clbench.callbacks import CALLBACKS, Callback, CallbackContext, CallbackList, CallbackSpec
-from clbench.config import parse_suite
 from clbench.errors import NonFiniteLossError
 from clbench.executors import LocalExecutor
+from clbench.suite_file import parse_suite
 from clbench.training import FitSettings, fit, fit_dataset
 
 SYNTHETIC = {"n_classes": 4, "n_experiences": 2, "train_per_class": 12, "test_per_class": 4}
@@ -124,7 +124,7 @@ def test_fit_fires_hooks_in_order_and_the_guard_stops_a_nan_loss(registered):
 
 
 def test_unknown_callback_or_argument_is_a_load_time_error():
-    from clbench.config import ConfigError
+    from clbench.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"callbacks\[0\]: unknown callback 'hook_trac'. Did you mean 'hook_trace'"):
         _suite({"naive": LOOPS["naive"]}, [{"name": "hook_trac"}])

@@ -34,7 +34,8 @@ from clbench.cl import (
     soft_targets,
 )
 from clbench.cl.per_class import PerClassMemory
-from clbench.config import ConfigError, build_config
+from clbench.config import build_config
+from clbench.errors import ConfigError
 from clbench.registry import SCENARIOS, UnknownNameError
 from clbench.streams import experience_dataset
 from clbench.training import FitSettings

@@ -6,7 +6,9 @@ import typing
 import pytest
 import yaml
 
-from clbench.config import ConfigError, build_config, load_suite, parse_suite, shipped_suites
+from clbench.config import build_config
+from clbench.errors import ConfigError
+from clbench.suite_file import load_suite, parse_suite, shipped_suites
 
 SEEDS_RULE = "'seeds' must be a non-empty list of integers from 0 to 2**32 - 1 (not booleans), got"
 GOOD = {"suite": "s", "seeds": [0, 1], "scenarios": [{"name": "synthetic"}],
@@ -134,13 +136,13 @@ def test_error_messages_name_file_entry_key_suggestion_and_choices(data, message
 
 
 def test_suggestions_list_at_most_two_close_names_joined_by_or():
-    from clbench.config import _suggest
+    from clbench.errors import suggest
 
-    close = _suggest("mem_sise", ["mem_size", "mem_sizes", "mem_sizer", "lr"])
+    close = suggest("mem_sise", ["mem_size", "mem_sizes", "mem_sizer", "lr"])
     assert close == " Did you mean 'mem_size' or 'mem_sizes'?"
-    assert _suggest("abc", ["abd", "xyz"]) == " Did you mean 'abd'?"
-    assert _suggest("qqqq", ["abd", "xyz"]) == ""
-    assert _suggest("abcdef", ["abcxyz"]) == " Did you mean 'abcxyz'?"        # ratio 0.5: the cutoff is inclusive
+    assert suggest("abc", ["abd", "xyz"]) == " Did you mean 'abd'?"
+    assert suggest("qqqq", ["abd", "xyz"]) == ""
+    assert suggest("abcdef", ["abcxyz"]) == " Did you mean 'abcxyz'?"        # ratio 0.5: the cutoff is inclusive
 
 
 def test_model_args_of_a_named_model_are_typed_by_its_signature_and_auto_accepts_any_models_keys():
@@ -153,7 +155,7 @@ def test_model_args_of_a_named_model_are_typed_by_its_signature_and_auto_accepts
 
 
 def test_suite_paths_by_suffix_or_existing_file(tmp_path):
-    from clbench.config import resolve_suite_path
+    from clbench.suite_file import resolve_suite_path
 
     with pytest.raises(ConfigError, match=r"^suite file .*missing\.yml does not exist\.$"):
         resolve_suite_path(str(tmp_path / "missing.yml"))
@@ -455,11 +457,11 @@ def test_type_hints_of_a_dataclass_are_its_fields_and_of_a_plain_class_its_init_
     """A dataclass Config is typed by its fields (no ``return`` entry from its generated ``__init__``: catches the
     dataclass test dropped so that every class reads ``__init__``); a plain class by its ``__init__``'s parameters;
     an annotation that cannot be resolved leaves the object unchecked ({})."""
-    from clbench.config import _type_hints
+    from clbench.config import type_hints
 
     def unresolved(x: "NoSuchType") -> None:  # noqa: F821
         return None
 
-    assert _type_hints(_ModelConfig) == {"model": str, "model_args": dict, "rate": float}
-    assert _type_hints(_PlainFactory) == {"width": int, "return": type(None)}
-    assert _type_hints(unresolved) == {}
+    assert type_hints(_ModelConfig) == {"model": str, "model_args": dict, "rate": float}
+    assert type_hints(_PlainFactory) == {"width": int, "return": type(None)}
+    assert type_hints(unresolved) == {}

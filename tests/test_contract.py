@@ -108,8 +108,8 @@ def test_registration_refuses_a_class_that_breaks_the_contract(make, message):
 
 
 def test_wrong_return_type_fails_the_run_naming_the_strategy(tmp_path, registered):
-    from clbench.config import RunSpec, ScenarioEntry, StrategyEntry
     from clbench.runner import execute
+    from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
 
     class IntCount(_Good):
         def num_parameters(self):

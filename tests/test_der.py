@@ -15,7 +15,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from clbench.callbacks import Callback
-from clbench.config import ConfigError, build_config
+from clbench.config import build_config
+from clbench.errors import ConfigError
 from clbench.models.backbones import CifarResNet
 from clbench.models.channel_masks import add_gates, annealed_scale, conv_masks, gates, kept_parameters, sparsity_loss
 from clbench.models.classifier import build_backbone

@@ -266,7 +266,7 @@ def test_scenario_info_only_is_needed():
 
 
 def test_unknown_arch_override_is_a_config_error():
-    from clbench.config import ConfigError
+    from clbench.errors import ConfigError
     with pytest.raises(ConfigError, match="embed_dimm"):
         build_config("dytox", "micro", {"arch_overrides": {"embed_dimm": 8}})
 

@@ -9,10 +9,10 @@ from torch.utils.data import TensorDataset
 
 import tests._fakes  # noqa: F401  (registers the fake strategies)
 from clbench import protocol
-from clbench.config import RunSpec, ScenarioEntry, StrategyEntry
 from clbench.errors import NonFiniteLossError
 from clbench.evaluation import AccuracyEvaluator, RankingEvaluator
 from clbench.runner import run
+from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
 
 ARGS = {"n_classes": 6, "n_experiences": 3, "train_per_class": 4, "test_per_class": 10}
 

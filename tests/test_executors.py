@@ -18,9 +18,9 @@ import torch
 import tests._scale_fakes  # noqa: F401  (registers test_hold_or_crash)
 from clbench import executors
 from clbench.cli import main
-from clbench.config import parse_suite
 from clbench.executors import LocalExecutor, plan
 from clbench.runner import RunRecord, record_path
+from clbench.suite_file import parse_suite
 from clbench.workers import WorkerLost, WorkerPool, start_method
 from tests._scale_fakes import attempts
 

@@ -21,18 +21,11 @@ import typing
 import pytest
 import torch
 
-from clbench.config import (
-    NAMED_CHOICES,
-    NOT_TRAINING,
-    ConfigError,
-    RunSpec,
-    ScenarioEntry,
-    StrategyEntry,
-    build_config,
-    config_hash,
-)
+from clbench.config import NAMED_CHOICES, NOT_TRAINING, build_config, config_hash
+from clbench.errors import ConfigError
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
+from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
 from tests.test_contract import SCENARIO_FOR, _tiny
 
 SYNTHETIC = {"n_classes": 6, "n_experiences": 3, "train_per_class": 8, "test_per_class": 4}

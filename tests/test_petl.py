@@ -265,8 +265,9 @@ def test_mam_default_is_he_et_al_allocation_a_small_prefix_and_a_large_scaled_ff
 def test_shipped_mam_rows_give_the_prefix_a_small_share_of_the_budget(suite):
     """Every MAM entry of the shipped PETL suites: the merged prefix is at most 10% of MAM's parameters, the scaled
     FFN adapter the rest (the issue: l = 10 had taken 49%)."""
-    from clbench.config import build_config, load_suite
+    from clbench.config import build_config
     from clbench.strategies.petl import vit_shape
+    from clbench.suite_file import load_suite
     spec = load_suite(suite)
     rows = [e for e in spec.strategies if e.name.startswith("mam")]
     assert rows

@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from clbench.callbacks import Callback, CallbackContext
-from clbench.config import ConfigError, build_config, parse_suite
+from clbench.config import build_config
+from clbench.errors import ConfigError
 from clbench.models.checkpoint import save_weights
 from clbench.petl import METHODS, build_method
 from clbench.registry import MODELS, SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
 from clbench.strategies.petl import OUTSIDE
+from clbench.suite_file import parse_suite
 
 VIT = {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 2}
 SMALL = {"model_args": VIT, "size": 2, "epochs": 2, "batch_size": 16}

@@ -15,7 +15,7 @@ from torch import nn
 
 from clbench import leaderboard
 from clbench.callbacks import CallbackContext, CallbackList
-from clbench.config import ConfigError, parse_suite
+from clbench.errors import ConfigError
 from clbench.models.vit import vit
 from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
 from clbench.privacy.sampling import PoissonPlan
@@ -23,6 +23,7 @@ from clbench.privacy.step import DPConfig, PrivateTraining
 from clbench.protocol import ClassificationInfo
 from clbench.registry import STRATEGIES
 from clbench.runner import execute
+from clbench.suite_file import parse_suite
 from clbench.tangent import linearize
 from clbench.training import FitSettings, fit
 

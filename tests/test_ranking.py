@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import tests._ranking  # noqa: F401  (registers test_next_item and test_transitions)
-from clbench.config import parse_suite
 from clbench.evaluation import RankingEvaluator
 from clbench.executors import LocalExecutor
 from clbench.protocol import ParamCount, Scenario, ScenarioInfo, StrategyBase
+from clbench.suite_file import parse_suite
 from tests._ranking import Windows
 
 

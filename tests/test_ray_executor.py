@@ -21,10 +21,10 @@ import pytest
 import tests._scale_fakes  # noqa: F401  (registers test_hold_or_crash; Ray workers import it too)
 from clbench import executors, tasks
 from clbench.cli import main
-from clbench.config import parse_suite
 from clbench.data import DatasetNotFound
 from clbench.executors import EXECUTORS, LocalExecutor, RayExecutor
 from clbench.runner import RunRecord, record_path
+from clbench.suite_file import parse_suite
 from tests._fakes import fake_ray
 from tests._scale_fakes import attempts
 

@@ -4,8 +4,8 @@ README alone) registers and runs through a suite, and the "Python API" snippet r
 import re
 from pathlib import Path
 
-from clbench.config import parse_suite
 from clbench.executors import LocalExecutor
+from clbench.suite_file import parse_suite
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 

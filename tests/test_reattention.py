@@ -10,7 +10,6 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
-from clbench.config import parse_suite
 from clbench.models import vit as vit_module
 from clbench.models.seqrec import SeqRec
 from clbench.models.vit import ReAttentionViT, vit
@@ -28,6 +27,7 @@ from clbench.privacy.reattention import (
 )
 from clbench.protocol import ClassificationInfo
 from clbench.runner import execute
+from clbench.suite_file import parse_suite
 from tests.test_privacy_norms import ce, vmap_norms
 
 

@@ -25,8 +25,9 @@ import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import api, executors
 from clbench import records as record_files
 from clbench.cli import main
-from clbench.config import ConfigError, load_suite, parse_suite
+from clbench.errors import ConfigError
 from clbench.models.checkpoint import save_weights
+from clbench.suite_file import load_suite, parse_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = {"suite": "s", "seeds": [0], "scenarios": [{"name": "split_digits"}],

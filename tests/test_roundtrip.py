@@ -16,14 +16,15 @@ import pytest
 import yaml
 
 import tests._fakes  # noqa: F401  (registers the fake strategies)
-from clbench import config, runner
-from clbench.config import RunSpec, ScenarioEntry, StrategyEntry, SuiteSpec
+from clbench import config, runner, suite_file
+from clbench.errors import ConfigError
+from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry, SuiteSpec
 
-SUITES = sorted(config.shipped_suites())
+SUITES = sorted(suite_file.shipped_suites())
 
 
 def _raw(name: str) -> dict:
-    return yaml.safe_load(config.shipped_suites()[name].read_text())
+    return yaml.safe_load(suite_file.shipped_suites()[name].read_text())
 
 
 def _entry(item) -> dict:
@@ -53,7 +54,7 @@ def test_every_field_of_every_shipped_suite_reaches_the_run_specs(suite):
     """Suite name, description, seeds, and per entry: name, label, args (scenario), preset, args, label, callbacks
     and dp (strategy) are in the SuiteSpec and in every RunSpec of the cross product, in the file's order; no other
     key of an entry is silently dropped (every raw key is checked, so a key added to the schema is covered)."""
-    raw, spec = _raw(suite), config.load_suite(suite)
+    raw, spec = _raw(suite), suite_file.load_suite(suite)
     assert spec.name == raw["suite"] and spec.seeds == tuple(raw.get("seeds", [0]))
     assert spec.description == str(raw.get("description", ""))
     handled = {"name", "label", "args", "preset", "callbacks", "dp"}
@@ -80,7 +81,7 @@ def test_every_run_spec_survives_to_dict_from_dict_and_json(suite):
     """``RunSpec.from_dict(spec.to_dict()) == spec``, with device and amp set; through JSON (what resume and the Ray
     executor read back from a record) the spec has the same dict (tuples read back as lists), identity hash and
     run id."""
-    for spec in config.load_suite(suite).run_specs(device="cpu", amp=True):
+    for spec in suite_file.load_suite(suite).run_specs(device="cpu", amp=True):
         assert RunSpec.from_dict(spec.to_dict()) == spec
         data = json.loads(json.dumps(spec.to_dict()))
         back = RunSpec.from_dict(data)
@@ -118,7 +119,7 @@ def test_every_setting_reaches_the_scenario_factory_and_the_strategy_config(suit
             return factory
 
     monkeypatch.setattr(runner, "SCENARIOS", FakeRegistry())
-    for spec in config.load_suite(suite).run_specs():
+    for spec in suite_file.load_suite(suite).run_specs():
         received.clear()
         with pytest.raises(_Recorded):
             runner.build_scenario(spec)
@@ -226,7 +227,7 @@ def test_parse_suite_keeps_labels_presets_seeds_and_coerced_args():
             "strategies": [{"name": "replay", "preset": "cpu", "label": "r", "args": {"lr": "1e-3", "mem_size": 9},
                             "callbacks": ["hook_trace"]},
                            {"name": "naive"}]}
-    spec = config.parse_suite(data, "hand.yaml")
+    spec = suite_file.parse_suite(data, "hand.yaml")
     assert spec == SuiteSpec(
         "hand", (ScenarioEntry("synthetic", {"n_classes": 4}, "syn"), ScenarioEntry("split_digits")),
         (StrategyEntry("replay", {"lr": 0.001, "mem_size": 9}, "r", "cpu", ({"name": "hook_trace", "args": {}},)),
@@ -242,13 +243,13 @@ def _dp_suite(**strategy) -> dict:
 def test_a_dp_block_becomes_the_dp_callback_after_the_entrys_callbacks_and_enters_the_identity():
     """``dp: {...}`` reaches the StrategyEntry as the last callback ``{name: dp, args: the block}``, survives
     to_dict/from_dict, and is part of the identity (another budget is another run)."""
-    entry = config.parse_suite(_dp_suite(callbacks=["hook_trace"], dp={"epsilon": 3.0, "clip": 0.5}), "dp.yaml")
+    entry = suite_file.parse_suite(_dp_suite(callbacks=["hook_trace"], dp={"epsilon": 3.0, "clip": 0.5}), "dp.yaml")
     strategy = entry.strategies[0]
     assert strategy.callbacks == ({"name": "hook_trace", "args": {}},
                                   {"name": "dp", "args": {"epsilon": 3.0, "clip": 0.5}})
     spec = entry.run_specs()[0]
     assert RunSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
-    other = config.parse_suite(_dp_suite(callbacks=["hook_trace"], dp={"epsilon": 8.0, "clip": 0.5})).run_specs()[0]
+    other = suite_file.parse_suite(_dp_suite(callbacks=["hook_trace"], dp={"epsilon": 8.0, "clip": 0.5})).run_specs()[0]
     assert config.config_hash(other.identity()) != config.config_hash(spec.identity())
 
 
@@ -259,17 +260,17 @@ def test_a_dp_block_becomes_the_dp_callback_after_the_entrys_callbacks_and_enter
                                     "got 0.0."),
 ])
 def test_a_bad_dp_block_is_one_line_naming_file_entry_and_key(dp, message):
-    with pytest.raises(config.ConfigError) as info:
-        config.parse_suite(_dp_suite(dp=dp), "dp.yaml")
+    with pytest.raises(ConfigError) as info:
+        suite_file.parse_suite(_dp_suite(dp=dp), "dp.yaml")
     assert str(info.value) == message
 
 
 def test_dp_is_refused_for_a_strategy_whose_epsilon_cannot_be_accounted():
     data = _dp_suite(dp={"epsilon": 1.0})
     data["strategies"][0]["name"] = "replay"
-    with pytest.raises(config.ConfigError, match=r"^dp\.yaml: strategies\[0\] \(replay\): dp: strategy 'replay' is "
+    with pytest.raises(ConfigError, match=r"^dp\.yaml: strategies\[0\] \(replay\): dp: strategy 'replay' is "
                                                  r"not known to use each sample in one training call only"):
-        config.parse_suite(data, "dp.yaml")
+        suite_file.parse_suite(data, "dp.yaml")
 
 
 def test_a_record_spec_without_callbacks_reads_back_with_none():
@@ -288,7 +289,7 @@ def test_code_fingerprint_is_that_of_the_specs_strategy_and_scenario():
 
 
 def test_a_dp_block_with_an_unknown_key_names_the_dp_entry():
-    with pytest.raises(config.ConfigError) as info:
-        config.parse_suite(_dp_suite(dp={"epsilom": 1.0}), "dp.yaml")
+    with pytest.raises(ConfigError) as info:
+        suite_file.parse_suite(_dp_suite(dp={"epsilom": 1.0}), "dp.yaml")
     assert str(info.value).startswith("dp.yaml: strategies[0] (naive).dp[0].args (callback 'dp'): unknown key "
                                       "'epsilom'. Did you mean 'epsilon'?"), str(info.value)

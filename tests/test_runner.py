@@ -5,9 +5,9 @@ import json
 import pytest
 
 import tests._fakes  # noqa: F401
-from clbench.config import parse_suite
 from clbench.executors import LocalExecutor, is_done
 from clbench.runner import record_path
+from clbench.suite_file import parse_suite
 
 SCENARIO = {"name": "synthetic", "args": {"train_per_class": 15, "test_per_class": 10}}
 

@@ -9,13 +9,13 @@ import torch
 from torch.nn import functional as F
 
 from clbench.callbacks import CallbackContext, CallbackSpec
-from clbench.config import parse_suite
 from clbench.executors import LocalExecutor
 from clbench.models.seqrec import SeqRec, next_item_loss
 from clbench.protocol import ScenarioInfo
 from clbench.registry import MODELS, SCENARIOS, STRATEGIES
 from clbench.scenarios.movielens import sequences_scenario
 from clbench.strategies.seqrec import item_counts, item_frequency
+from clbench.suite_file import parse_suite
 
 N_ITEMS = 12
 
@@ -200,7 +200,7 @@ def test_warmup_then_linear_decay_by_hand_and_in_the_loop():
     assert seen == pytest.approx([0.4, 0.8, 0.8, 0.6, 0.4, 0.2])
     with pytest.raises(ValueError, match="replaces lr_milestones"):
         FitSettings(epochs=2, batch_size=4, lr=0.8, warmup=0.2, lr_milestones=(1,))
-    with pytest.raises(ValueError, match="warmup must be a fraction"):
+    with pytest.raises(ValueError, match=r"warmup must be in \[0, 1\)"):
         STRATEGIES.get("seqrec").Config(warmup=1.0)
 
 

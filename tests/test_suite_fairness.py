@@ -1,7 +1,8 @@
 """Shipped suites compare like with like: DER's accuracy table has baselines at DER's epochs per step and no
 parameter-count-only rows (those are in der_params)."""
 
-from clbench.config import build_config, load_suite
+from clbench.config import build_config
+from clbench.suite_file import load_suite
 
 
 def _configs(suite):

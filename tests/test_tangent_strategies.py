@@ -165,7 +165,7 @@ def test_full_preset_carries_the_released_taft_setting():
 def test_nlft_authors_optimizer_preset_and_the_tangent_suite_loss_rows():
     """nlft's cpu_sgd preset is the authors' optimizer (SGD lr 1e-2, weight decay 1e-4) and trains with it; the
     tangent suite runs taft with its rescaled square loss AND with cross-entropy (the loss finding)."""
-    from clbench.config import load_suite
+    from clbench.suite_file import load_suite
     from clbench.training import OPTIMIZERS
     config = build_config("nlft", "cpu_sgd", {})
     assert (config.optimizer, config.lr, config.weight_decay, config.loss) == ("sgd", 1e-2, 1e-4, "ce")

@@ -15,8 +15,9 @@ import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import executors
 from clbench import records as record_files
 from clbench.cli import main
-from clbench.config import ConfigError, parse_suite
+from clbench.errors import ConfigError
 from clbench.registry import SCENARIOS
+from clbench.suite_file import parse_suite
 
 TINY_VIT = {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}
 GOOD = {"suite": "s", "seeds": [0], "scenarios": [{"name": "synthetic"}],
@@ -173,8 +174,8 @@ def test_forget_records_exactly_the_samples_removed(shard_run, tmp_path):
 
 def test_the_forget_method_refuses_unknown_and_empty_ids(shard_run):
     """The library call checks what the command checks: nothing is removed for a request it cannot serve."""
-    from clbench.config import RunSpec
     from clbench.runner import RunRecord, build_scenario, build_strategy
+    from clbench.specs import RunSpec
 
     record = RunRecord.load(shard_run)
     spec = RunSpec.from_dict(record.spec)

@@ -50,9 +50,10 @@ from clbench.analysis.attribution import attention_over_steps, attribute  # noqa
 from clbench.analysis.paired import paired_report  # noqa: E402
 from clbench.analysis.store import PatternStore  # noqa: E402
 from clbench.cli import Command  # noqa: E402
-from clbench.config import ConfigError, RunSpec  # noqa: E402
+from clbench.errors import ConfigError
 from clbench.registry import COMMANDS  # noqa: E402
 from clbench.runner import build_scenario  # noqa: E402
+from clbench.specs import RunSpec  # noqa: E402
 
 FASHION = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # names of the shared labels per training experience, for reports (scenario name, args "mode") -> per experience

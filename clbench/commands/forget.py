@@ -25,9 +25,11 @@ import torch
 from clbench import records as record_files
 from clbench import tasks
 from clbench.cli import Command
-from clbench.config import ConfigError, RunSpec, check_path_name
 from clbench.environment import resolve_device
+from clbench.errors import ConfigError
+from clbench.names import check_path_name
 from clbench.registry import COMMANDS
+from clbench.specs import RunSpec
 
 
 def _add_forget_arguments(p: argparse.ArgumentParser) -> None:

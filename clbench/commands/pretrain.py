@@ -21,10 +21,10 @@ from pathlib import Path
 
 from clbench.callbacks import CallbackSpec
 from clbench.cli import Command
-from clbench.config import parse_callbacks
 from clbench.models.checkpoint import save_weights
 from clbench.pretraining import Pretraining, pretrain
 from clbench.registry import COMMANDS
+from clbench.suite_file import parse_callbacks
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:

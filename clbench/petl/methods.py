@@ -19,13 +19,14 @@ from dataclasses import dataclass, fields
 
 from clbench.petl.config import Modification, PETLConfig
 from clbench.registry import Registry
+from clbench.typecheck import RangeChecked
 
 PLACEMENTS = {"attn": ("attn",), "ffn": ("ffn",), "both": ("attn", "ffn")}
 DEFAULTS = {"scale": 4.0, "lora_alpha": 16.0, "prefix_reparam": 512, "prefix_length": 30}
 
 
 @dataclass
-class MethodArgs:
+class MethodArgs(RangeChecked):
     """Sizes and placements shared by every method; ``None``: the method's default. Each factory reads only the fields
     it declares (:func:`method`)."""
 
@@ -38,18 +39,9 @@ class MethodArgs:
     prefix_length: int | None = None   # l of MAM's prefix; default 30
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.placement is not None and self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {sorted(PLACEMENTS)} (or null), got {self.placement!r}.")
-        for name in ("size", "prefix_length"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 (or null for the method's default), got {value}.")
-        if self.prefix_reparam is not None and self.prefix_reparam < 0:
-            raise ValueError(f"prefix_reparam must be >= 0 (0: free prefix vectors), got {self.prefix_reparam}.")
-        for name in ("scale", "lora_alpha"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value}.")
 
     def get(self, name: str, default=None):
         """The field's value, or ``default`` (else :data:`DEFAULTS`) when it is ``None``."""

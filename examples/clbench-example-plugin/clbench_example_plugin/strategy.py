@@ -20,18 +20,18 @@ from clbench.cl.data import experience_tensors
 from clbench.protocol import ParamCount, StrategyBase
 from clbench.registry import STRATEGIES
 from clbench.training import FitSettings, fit
+from clbench.typecheck import RangeChecked
 
 
 @dataclass
-class NearestMeanConfig:
+class NearestMeanConfig(RangeChecked):
+    """Ranges come from clbench.typecheck.RANGES by field name (hidden, epochs, batch_size >= 1; lr > 0): checked
+    at load for a suite file and at construction in Python."""
+
     hidden: int = 64
     epochs: int = 5
     batch_size: int = 32
     lr: float = 1e-3
-
-    def __post_init__(self) -> None:
-        if self.hidden < 1 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
-            raise ValueError("hidden, epochs and batch_size must be >= 1 and lr > 0")
 
 
 @STRATEGIES.register("nearest_mean")

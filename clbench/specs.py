@@ -1,0 +1,136 @@
+"""What a suite expands to: its entries (:class:`ScenarioEntry`, :class:`StrategyEntry`), the suite
+(:class:`SuiteSpec`) and one (scenario, strategy, seed) run (:class:`RunSpec`) with its identity. Suite files are
+parsed into these by :mod:`clbench.suite_file`; a strategy's hyperparameters are built by :mod:`clbench.config`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from clbench.config import build_config, checkpoint_hashes, config_dict
+from clbench.errors import ConfigError, suggest
+from clbench.typecheck import brief
+
+MAX_SEED = 2**32 - 1      # numpy's seed range (seed_everything seeds random, numpy and torch with it)
+
+
+def check_seeds(where: str, seeds: Any) -> None:
+    """A non-empty list of distinct integers in ``[0, 2**32 - 1]``: a repeated seed would run twice into one
+    record, and numpy cannot take a larger one (the run would fail after the suite loaded)."""
+    if not isinstance(seeds, list) or not seeds or not all(type(s) is int and 0 <= s <= MAX_SEED for s in seeds):
+        raise ConfigError(f"{where}: 'seeds' must be a non-empty list of integers from 0 to 2**32 - 1 (not "
+                          f"booleans), got {brief(seeds)}.")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ConfigError(f"{where}: seed {repeated[0]} appears twice in 'seeds'; each seed is one run, list it once.")
+
+
+
+@dataclass(frozen=True)
+class ScenarioEntry:
+    """A suite's scenario: a SCENARIOS name, its keyword arguments, and an optional row label."""
+
+    name: str
+    args: dict = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+
+@dataclass(frozen=True)
+class StrategyEntry(ScenarioEntry):
+    """A suite's strategy: a STRATEGIES name, Config overrides (``args``), a label, a preset and the callbacks
+    attached to its training loops (``{"name": CALLBACKS name, "args": {...}}`` each; part of the run's identity)."""
+
+    preset: str | None = None
+    callbacks: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One (scenario, strategy, seed) run: everything the runner needs, nothing it has to look up elsewhere."""
+
+    suite: str
+    scenario: ScenarioEntry
+    strategy: StrategyEntry
+    seed: int
+    device: str = "auto"
+    amp: bool = False
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.scenario.key}__{self.strategy.key}__s{self.seed}"
+
+    def code_fingerprint(self) -> str:
+        """A hash of the code this run depends on (:func:`clbench.fingerprint.code_fingerprint`): resume reruns a
+        finished run whose record holds another one."""
+        from clbench.fingerprint import code_fingerprint
+
+        return code_fingerprint(self.strategy.name, self.scenario.name)
+
+    def config(self) -> Any:
+        """The strategy's Config for this run (defaults, preset, args)."""
+        return build_config(self.strategy.name, self.strategy.preset, self.strategy.args)
+
+    def identity(self, config: Any = None) -> dict:
+        """What makes two runs the same run (device and amp excluded: they do not change the experiment): the suite,
+        the scenario entry, the strategy entry with its resolved hyperparameters, the seed, and the content hash of
+        every checkpoint the hyperparameters name (``checkpoints``, only when there is one): overwriting a
+        checkpoint changes the identity, so resume runs again what read the old one. ``config``: this run's
+        :meth:`config`, when the caller has built it already."""
+        resolved = config_dict(self.config() if config is None else config)
+        identity = {"suite": self.suite, "scenario": dataclasses.asdict(self.scenario),
+                    "strategy": {**dataclasses.asdict(self.strategy), "resolved": resolved}, "seed": self.seed}
+        checkpoints = checkpoint_hashes(resolved, self.scenario.name)
+        if checkpoints:
+            identity["checkpoints"] = checkpoints
+        return identity
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunSpec:
+        """The inverse of :meth:`to_dict`, also after a JSON round trip (a record's ``spec``): JSON turns the
+        callbacks tuple into a list, which is turned back (so that the entry compares equal to the one written)."""
+        strategy = {**d["strategy"], "callbacks": tuple(d["strategy"].get("callbacks", ()))}
+        return cls(suite=d["suite"], scenario=ScenarioEntry(**d["scenario"]), strategy=StrategyEntry(**strategy),
+                   seed=d["seed"], device=d.get("device", "auto"), amp=d.get("amp", False))
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    name: str
+    scenarios: tuple[ScenarioEntry, ...]
+    strategies: tuple[StrategyEntry, ...]
+    seeds: tuple[int, ...] = (0,)
+    description: str = ""
+    source: str = ""
+
+    def run_specs(self, device: str = "auto", amp: bool = False) -> list[RunSpec]:
+        """The cross product scenario x strategy x seed, in that nesting order."""
+        return [RunSpec(self.name, sc, st, seed, device, amp)
+                for sc in self.scenarios for st in self.strategies for seed in self.seeds]
+
+    def select(self, scenarios: list[str] | None = None, strategies: list[str] | None = None,
+               seeds: list[int] | None = None) -> SuiteSpec:
+        """Restrict to the given scenario/strategy keys (labels or names) and/or replace the seeds."""
+        def pick(entries, wanted, kind):
+            if not wanted:
+                return entries
+            keys = {e.key for e in entries} | {e.name for e in entries}
+            for w in wanted:
+                if w not in keys:
+                    raise ConfigError(f"suite {brief(self.name)} has no {kind} {brief(w)}.{suggest(w, keys)} "
+                                      f"It has: {', '.join(sorted(keys))}.")
+            return tuple(e for e in entries if e.key in wanted or e.name in wanted)
+
+        if seeds:
+            check_seeds("--seeds", list(seeds))
+
+        return dataclasses.replace(self, scenarios=pick(self.scenarios, scenarios, "scenario"),
+                                   strategies=pick(self.strategies, strategies, "strategy"),
+                                   seeds=tuple(seeds) if seeds else self.seeds)
