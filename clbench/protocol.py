@@ -177,6 +177,13 @@ class StrategyBase:
                                         f"config), which sets self.{name} (see clbench.protocol.StrategyBase).")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    @classmethod
+    def check_entry(cls, config: Any, args: dict, private: bool) -> None:
+        """Refuse, when the suite loads, a setting this strategy would ignore in this entry: ``config`` is the
+        entry's Config, ``args`` the fields the entry sets, ``private`` whether it trains under ``dp``. Raise
+        ``ValueError`` saying what to change (a :class:`~clbench.errors.ConfigError` naming the entry). Default:
+        nothing to refuse beyond the Config's own checks."""
+
     def train(self, experience: Any) -> None:
         """Train on one experience (offline strategies: on the list of all of them, in one call)."""
         raise NotImplementedError

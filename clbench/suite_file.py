@@ -227,6 +227,10 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         if "dp" in item:
             callbacks += _parse_dp(where, item["dp"])
         _check_dp(where, item["name"], callbacks, config)
+        try:
+            STRATEGIES.get(item["name"]).check_entry(config, args, any(c["name"] == "dp" for c in callbacks))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
         strategies.append(StrategyEntry(name=item["name"], preset=item.get("preset"),
                                         args=args, label=item.get("label", ""), callbacks=callbacks))
 

@@ -91,6 +91,13 @@ class AvalancheStrategy(StrategyBase):
     Config: ClassVar[type] = TrainConfig
     PRESETS: ClassVar[dict[str, dict]] = {"cpu": CPU, "full": FULL}
 
+    @classmethod
+    def check_entry(cls, config: Any, args: dict, private: bool) -> None:
+        """A strategy that builds its own head (``head`` class attribute) refuses a ``head`` setting."""
+        if cls.head and args.get("head", "auto") != "auto":
+            raise ValueError(f"head {args['head']!r}: this strategy always builds its own {cls.head} head, so the "
+                             f"setting would change nothing; remove head.")
+
     def __init__(self, info: ClassificationInfo, device: torch.device, config: Any) -> None:
         super().__init__(info, device, config)
         head = self.head or (config.head if config.head != "auto" else ("multi" if info.task_aware else
@@ -178,7 +185,14 @@ class ReplayStrategy(AvalancheStrategy):
 class EWCConfig(TrainConfig):
     ewc_lambda: float = 100.0
     mode: str = "separate"
-    decay_factor: float | None = None
+    decay_factor: float | None = None   # online mode: the importance matrices' decay (Avalanche requires one)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode not in ("separate", "online"):
+            raise ValueError(f"mode must be 'separate' or 'online', got {self.mode!r}.")
+        if self.mode == "online" and self.decay_factor is None:
+            raise ValueError("mode online needs decay_factor (the importance decay in (0, 1], e.g. 0.9).")
 
 
 @STRATEGIES.register("ewc")

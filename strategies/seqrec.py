@@ -109,6 +109,20 @@ class SequentialRecommender(StrategyBase):
         "games_cpu": {"epochs": 3, "warmup": 0.2, "batch_size": 1024, "lr": 5e-3, "loss_positions": 1},
     }
 
+    @classmethod
+    def check_entry(cls, config: SeqRecConfig, args: dict, private: bool) -> None:
+        """Without ``dp`` Re-Attention has no noise to model unless ``sigma_dp`` gives one (σ_dp = 0: vanilla
+        attention), and the frequency prior is exact (``prior_noise`` unused)."""
+        if private:
+            return
+        if config.attention == "reattention" and config.sigma_dp is None:
+            raise ValueError("attention: reattention corrects the noise of private training: without dp and without "
+                             "sigma_dp its error is 0 and it trains as vanilla; add dp, set sigma_dp, or use "
+                             "attention: vanilla.")
+        if "prior_noise" in args:
+            raise ValueError("prior_noise is the noise of the private release of Re-Attention's frequency prior, "
+                             "used only under dp; remove it or add dp.")
+
     def __init__(self, info: ScenarioInfo, device: torch.device, config: SeqRecConfig) -> None:
         super().__init__(info, device, config)
         if "n_items" not in info.extra:

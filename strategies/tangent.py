@@ -102,6 +102,20 @@ class NonlinearConfig(FineTuneConfig):
         super().__post_init__()
         if self.linearize_cls:
             raise ValueError("linearize_cls applies to tangent models only (taft, taft_shards).")
+        if self.ridge:
+            raise ValueError("ridge (λ‖Δ‖² on a tangent model's Δ) applies to tangent models only (taft, "
+                             "taft_shards); a non-linear member is regularized by weight_decay.")
+
+
+@dataclass
+class NlftConfig(NonlinearConfig):
+    """NLFT trains one tail sequentially on every experience: no shards."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.n_shards != 1:
+            raise ValueError(f"n_shards {self.n_shards}: nlft fine-tunes one model on every experience, without "
+                             f"shards; use sisa (non-linear members per shard) or model_soup.")
 
 
 @dataclass
@@ -114,6 +128,7 @@ CPU = {"model_args": {"embed_dim": 64, "depth": 3, "num_heads": 4, "patch_size":
 # the released TAFT setting; its lr drops after epoch 25 (0-based `x < epoch`): milestone 26 of training.step_decay
 FULL = {"model_args": {"embed_dim": 384, "depth": 6, "num_heads": 12, "patch_size": 4}, "epochs": 30,
         "lr_milestones": (26,), "batch_size": 32, "lr": 1e-3, "ridge": 1e-5}
+NONLINEAR_FULL = {k: v for k, v in FULL.items() if k != "ridge"}     # the ridge acts on tangent Δ only
 
 
 @dataclass(frozen=True)
@@ -352,6 +367,7 @@ class _TailMembers(ShardedFineTuning):
     """Members are non-linear tails (last ``k`` blocks + norm + head) fine-tuned from ``w0``."""
 
     Config: ClassVar[type] = NonlinearConfig
+    PRESETS: ClassVar[dict[str, dict]] = {"cpu": CPU, "full": NONLINEAR_FULL}
     train_member = staticmethod(train_tail)
 
     def _member_w0(self) -> nn.Module:
@@ -425,10 +441,10 @@ class Nlft(PrefixFineTuning):
     """Non-linear fine-tuning (the paper's NLFT): one tail trained sequentially on every experience; no
     composition and no shard structure (exact removal would mean retraining from scratch)."""
 
-    Config: ClassVar[type] = NonlinearConfig
+    Config: ClassVar[type] = NlftConfig
     private = True                         # each training call uses its own data, the loss is a batch mean (dp)
     # cpu_sgd: the authors' NLFT optimizer (SGD lr 1e-2, weight decay 1e-4; momentum 0.9, this code's SGD default)
-    PRESETS: ClassVar[dict[str, dict]] = {**PrefixFineTuning.PRESETS,
+    PRESETS: ClassVar[dict[str, dict]] = {"cpu": CPU, "full": NONLINEAR_FULL,
                                           "cpu_sgd": {**CPU, "optimizer": "sgd", "lr": 1e-2, "weight_decay": 1e-4}}
 
     def __init__(self, info: ScenarioInfo, device: torch.device, config: FineTuneConfig) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from clbench.config import build_config
+from clbench.errors import ConfigError
 from clbench.protocol import ParamCount, StrategyBase, StrategyContractError, check_strategy, hooks_checked
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
@@ -22,10 +23,19 @@ TINY = {"epochs": 1, "first_epochs": None, "finetune_epochs": 1, "batch_size": 6
         "size": 2}                         # PETL r / l: the defaults (r = 512) are refused above the width d = 8
 
 
+def _accepted(name: str, preset: str, field: str, value) -> bool:
+    try:
+        build_config(name, preset, {field: value})
+    except ConfigError:
+        return False
+    return True
+
+
 def _tiny(name: str, preset: str) -> dict:
-    """Tiny overrides for the fields this strategy's Config has (a ViT for tangent strategies, an MLP otherwise)."""
+    """Tiny overrides for the fields this strategy's Config has and accepts (nlft refuses shards; a ViT for tangent
+    strategies, an MLP otherwise)."""
     fields = {f.name for f in dataclasses.fields(STRATEGIES.get(name).Config)}
-    overrides = {k: v for k, v in TINY.items() if k in fields}
+    overrides = {k: v for k, v in TINY.items() if k in fields and _accepted(name, preset, k, v)}
     if "model_args" in fields:
         overrides["model_args"] = {"hidden": [8]} if "model" in fields else VIT
     return overrides
