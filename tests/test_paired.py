@@ -21,6 +21,9 @@ def test_paired_difference_and_interval_by_hand():
     (result,) = paired(records, "A", "B")
     assert result.seeds == (0, 1, 2) and result.differences == (1.0, 2.0, 3.0)
     assert result.mean == 2.0 and result.half_width == pytest.approx(4.302653 / 3 ** 0.5, abs=1e-5)
+    # relative: 0.1, 0.2, 0.3 of B's 10 -> mean 0.2, half-width 0.2484138
+    assert result.relatives == pytest.approx((0.1, 0.2, 0.3)) and result.relative_mean == pytest.approx(0.2)
+    assert result.relative_half_width == pytest.approx(0.4302653 / 3 ** 0.5, abs=1e-6)
     assert result.verdict == "not shown"                       # 2 ± 2.48 includes 0
     (flipped,) = paired(records, "B", "A")
     assert flipped.mean == -2.0
@@ -35,4 +38,4 @@ def test_paired_command_writes_the_table(tmp_path, capsys):
         (tmp_path / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
     assert main(["analyze", "paired", "--run", str(tmp_path), "--pairs", "A:B"]) == 0
     lines = (tmp_path / "paired.csv").read_text().splitlines()
-    assert lines[1].startswith("s,A,B,last_acc,2,1.5,")
+    assert lines[1].startswith("s,A,B,last_acc,2,1.5,6.35,not shown,0.167,0.706,+1 +2")

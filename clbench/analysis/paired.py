@@ -4,6 +4,7 @@ For rows ``A`` and ``B`` (strategy labels) on one scenario and a metric ``m`` (e
 
     d_s = m(A, seed s) − m(B, seed s)        for every finished seed s that both rows ran
     d̄ = mean_s d_s,   95% interval  d̄ ± t_{0.975, n−1} · sd(d) / √n     (Student t; none for n = 1)
+    r_s = d_s / m(B, seed s)                  the relative difference (a "20% gain"), with the same interval
 
 Pairing by seed removes what the rows share in a seed (data order, initial state), so the interval is about the
 difference itself. A claim "A beats B" is shown when the interval lies above 0, contradicted when it lies below,
@@ -32,6 +33,7 @@ class Paired:
     metric: str
     seeds: tuple[int, ...]
     differences: tuple[float, ...]
+    baselines: tuple[float, ...] = ()     # m(B, seed s): the denominators of the relative differences
 
     @property
     def mean(self) -> float:
@@ -40,10 +42,20 @@ class Paired:
     @property
     def half_width(self) -> float:
         """Half the 95% t interval (NaN for fewer than 2 seeds)."""
-        n = len(self.differences)
-        if n < 2:
-            return float("nan")
-        return float(stats.t.ppf(0.975, n - 1) * np.std(self.differences, ddof=1) / np.sqrt(n))
+        return _half_width(self.differences)
+
+    @property
+    def relatives(self) -> tuple[float, ...]:
+        """``r_s = d_s / m(B, seed s)`` (NaN where ``m(B)`` is 0)."""
+        return tuple(d / b if b else float("nan") for d, b in zip(self.differences, self.baselines))
+
+    @property
+    def relative_mean(self) -> float:
+        return float(np.mean(self.relatives))
+
+    @property
+    def relative_half_width(self) -> float:
+        return _half_width(self.relatives)
 
     @property
     def verdict(self) -> str:
@@ -51,6 +63,14 @@ class Paired:
         if np.isnan(self.half_width):
             return "one seed: no interval"
         return "A > B" if low > 0 else "A < B" if high < 0 else "not shown"
+
+
+def _half_width(values: tuple[float, ...]) -> float:
+    """Half the 95% Student-t interval of the mean of ``values`` (NaN for fewer than 2)."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    return float(stats.t.ppf(0.975, n - 1) * np.std(values, ddof=1) / np.sqrt(n))
 
 
 def row_label(record: dict) -> str:
@@ -74,7 +94,8 @@ def paired(records: list[dict], a: str, b: str, metric: str = "last_acc") -> lis
         seeds = sorted(s for (sc, row, s) in values if sc == scenario and row == a and (sc, b, s) in values)
         if seeds:
             out.append(Paired(scenario, a, b, metric, tuple(seeds),
-                              tuple(values[(scenario, a, s)] - values[(scenario, b, s)] for s in seeds)))
+                              tuple(values[(scenario, a, s)] - values[(scenario, b, s)] for s in seeds),
+                              tuple(values[(scenario, b, s)] for s in seeds)))
     return out
 
 
@@ -92,9 +113,11 @@ def paired_report(args: argparse.Namespace) -> int:
         if not results:
             print(f"{a} vs {b}: no seeds in common with a finished {args.metric}")
         rows += results
-    header = ["scenario", "A", "B", "metric", "n_seeds", "mean_A_minus_B", "ci95_half_width", "verdict", "per_seed"]
-    table = [[p.scenario, p.a, p.b, p.metric, len(p.seeds), round(p.mean, 3), round(p.half_width, 3), p.verdict,
-              " ".join(f"{d:+.2f}" for d in p.differences)] for p in rows]
+    header = ["scenario", "A", "B", "metric", "n_seeds", "mean_A_minus_B", "ci95_half_width", "verdict",
+              "relative_mean", "relative_ci95_half_width", "per_seed"]
+    table = [[p.scenario, p.a, p.b, p.metric, len(p.seeds), _g(p.mean), _g(p.half_width), p.verdict,
+              _g(p.relative_mean), _g(p.relative_half_width), " ".join(f"{d:+.3g}" for d in p.differences)]
+             for p in rows]
     out = Path(args.out) if args.out else folder
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "paired.csv", "w", newline="") as f:
@@ -103,6 +126,11 @@ def paired_report(args: argparse.Namespace) -> int:
     for row in table:
         print(" | ".join(str(v) for v in row))
     return 0
+
+
+def _g(x: float) -> str:
+    """Three significant digits: metrics range from accuracies in percent to NDCG@10 near 0.01."""
+    return f"{x:.3g}"
 
 
 __all__ = ["Paired", "paired", "paired_report"]
