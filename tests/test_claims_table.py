@@ -28,4 +28,5 @@ def test_every_claim_has_a_verdict_and_a_suite():
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert len(cells) == len(columns), row
-        assert cells[2], f"no verdict: {row}"
+        assert cells[2] not in ("", "–"), f"no verdict: {row}"
+        assert cells[3] not in ("", "–"), f"no suite row behind the verdict: {row}"
