@@ -13,7 +13,9 @@ curve. Files go to ``<out_dir>/plots/``:
   class-incremental scenarios the cells ``j > i`` (classes not seen yet) are masked.
 - ``<scenario>__params.png``: total parameters per step, only when some strategy's total changes between steps.
 
-Failed records are ignored. :func:`figures` yields the figures (for inspection); :func:`plot` writes them.
+Failed records are ignored. :func:`figures` yields the figures (for inspection); :func:`plot` writes them and
+removes the PNG files of ``plots/`` it did not write (plots of rows, scenarios or metrics no longer in the records),
+so the folder always shows exactly the records it was drawn from.
 """
 
 from __future__ import annotations
@@ -312,7 +314,8 @@ def figures(records: list[dict]) -> Iterator[tuple[str, Figure]]:
 
 def plot(records: list[dict], out_dir: str | Path) -> list[Path]:
     """Write the plots of every finished record to ``<out_dir>/plots/`` (atomically; a failed write is an
-    :class:`~clbench.errors.OutputError`); returns the paths written."""
+    :class:`~clbench.errors.OutputError`) and delete the folder's other ``*.png`` files (stale plots of records
+    that are gone); returns the paths written."""
     folder = Path(out_dir) / "plots"
     written = []
     for name, fig in figures(records):
@@ -321,4 +324,6 @@ def plot(records: list[dict], out_dir: str | Path) -> list[Path]:
                 tmp, format=Path(name).suffix[1:], dpi=110, bbox_inches="tight")))
         finally:
             plt.close(fig)
+    for stale in set(folder.glob("*.png")) - set(written):
+        stale.unlink()
     return written

@@ -113,6 +113,19 @@ def test_plot_writes_png_files_at_110_dpi_cropped_to_the_drawing(tmp_path):
     assert report.plot([record("split", "naive", 0, CI)], out) == written
 
 
+def test_plot_removes_png_files_of_rows_no_longer_in_the_records(tmp_path):
+    """Drawing again after a strategy's records are gone deletes that strategy's matrix (and any other PNG in
+    ``plots/`` that was not written this time) and keeps files that are not PNGs. Catches a folder that still shows
+    a removed row's plot beside the new ones."""
+    both = report.plot([record("split", "naive", 0, CI), record("split", "replay", 0, CI)], tmp_path)
+    (tmp_path / "plots" / "notes.txt").write_text("mine")
+    assert tmp_path / "plots" / "split__replay__accuracy__matrix.png" in both
+    one = report.plot([record("split", "naive", 0, CI)], tmp_path)
+    assert sorted((tmp_path / "plots").glob("*.png")) == sorted(one)
+    assert not (tmp_path / "plots" / "split__replay__accuracy__matrix.png").exists()
+    assert (tmp_path / "plots" / "notes.txt").read_text() == "mine"
+
+
 def test_names_keep_only_file_safe_characters():
     """Scenario, strategy and metric names become file names with every character outside ``A-Za-z0-9_.@=+-``
     replaced by ``_`` (upper and lower case kept). Catches names with spaces or slashes in paths and a changed
