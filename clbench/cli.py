@@ -154,6 +154,7 @@ def _run(args: argparse.Namespace) -> int:
     except (ImportError, RuntimeError, ConnectionError) as exc:
         raise ConfigError(f"--executor {args.executor}: {exc}") from None
     specs = suite.run_specs(device=args.device, amp=args.amp)
+    check_checkpoints(specs)
     at_once = f"{jobs} at once, " if args.executor == "local" else ""
     print(f"suite {suite.name}: {len(specs)} runs ({len(suite.scenarios)} scenarios x {len(suite.strategies)} "
           f"strategies x {len(suite.seeds)} seeds; {at_once}{threads or torch.get_num_threads()} torch thread(s) "
@@ -188,6 +189,24 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.executor != "local" and args.jobs is not None:
         raise ConfigError("--jobs is for the local executor; Ray runs as many runs at once as the cluster has CPUs "
                           "for (--cpus-per-run each).")
+
+
+def check_checkpoints(specs) -> None:
+    """One :class:`ConfigError` line naming the checkpoint files (``init``, with ``{scenario}`` replaced) that the
+    runs would read and that do not exist, before the first run (each run would fail on it otherwise)."""
+    from clbench.config import checkpoint_paths, config_dict
+
+    missing: dict[str, dict[str, None]] = {}
+    for spec in specs:
+        for field, path in checkpoint_paths(config_dict(spec.config()), spec.scenario.name).items():
+            if not Path(path).is_file():
+                missing.setdefault(path, {})[f"{spec.strategy.key} ({field}) on {spec.scenario.key}"] = None
+    if missing:
+        listed = "; ".join(f"{path}, read by {next(iter(users))}" + (f" and {len(users) - 1} more" if len(users) > 1
+                                                                      else "") for path, users in missing.items())
+        raise ConfigError(f"checkpoint file(s) not found: {listed}. Create them with `python run_bench.py pretrain` "
+                          f"(the commands are in docs/petl.md and docs/tangent.md) or set init / --init to a local "
+                          f"file.")
 
 
 def check_output_folder(out: Path) -> None:

@@ -185,25 +185,49 @@ def config_hash(payload: dict) -> str:
 
 CHECKPOINT_FIELDS = ("init",)
 """Hyperparameters (at any depth: ``init``, ``model_args.init``) that name a local checkpoint file read by the run;
-``{scenario}`` in the path is the scenario's name (one checkpoint per source dataset)."""
+``{scenario}`` in the path is the scenario's name (one checkpoint per source dataset), replaced for every strategy by
+:func:`with_scenario_paths` before the strategy is built."""
 
 
-def checkpoint_hashes(resolved: dict, scenario: str) -> dict[str, str]:
-    """``{dotted field: sha256 of the file (16 digits), or "missing"}`` for every :data:`CHECKPOINT_FIELDS` value
-    of a resolved configuration."""
+def _scenario_path(value: Any, scenario: str) -> Any:
+    """A dict with ``{scenario}`` replaced in every :data:`CHECKPOINT_FIELDS` string at any depth; other values as
+    they are."""
+    if not isinstance(value, dict):
+        return value
+    return {key: item.replace("{scenario}", scenario) if key in CHECKPOINT_FIELDS and isinstance(item, str)
+            else _scenario_path(item, scenario) for key, item in value.items()}
+
+
+def checkpoint_paths(resolved: dict, scenario: str) -> dict[str, str]:
+    """``{dotted field: file path}`` for every non-empty :data:`CHECKPOINT_FIELDS` value of a resolved configuration
+    (``{scenario}`` replaced by ``scenario``)."""
     found: dict[str, str] = {}
 
     def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                name = f"{prefix}{key}"
-                if key in CHECKPOINT_FIELDS and isinstance(item, str) and item:
-                    found[name] = file_hash(item.replace("{scenario}", scenario))
-                else:
-                    walk(f"{name}.", item)
+        for key, item in value.items():
+            if key in CHECKPOINT_FIELDS and isinstance(item, str) and item:
+                found[f"{prefix}{key}"] = item
+            elif isinstance(item, dict):
+                walk(f"{prefix}{key}.", item)
 
-    walk("", resolved)
+    walk("", _scenario_path(resolved, scenario))
     return found
+
+
+def checkpoint_hashes(resolved: dict, scenario: str) -> dict[str, str]:
+    """``{dotted field: sha256 of the file (16 digits), or "missing"}`` for every :func:`checkpoint_paths` entry."""
+    return {name: file_hash(path) for name, path in checkpoint_paths(resolved, scenario).items()}
+
+
+def with_scenario_paths(config: Any, scenario: str) -> Any:
+    """``config`` (a Config dataclass or a dict) with ``{scenario}`` replaced by ``scenario`` in every
+    :data:`CHECKPOINT_FIELDS` value, at any depth (``init``, ``model_args.init``): what the strategy is built with,
+    so that every strategy reads the file the run identity hashed. The run identity keeps the written form."""
+    if not dataclasses.is_dataclass(config):
+        return _scenario_path(config, scenario)
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
+    changed = {name: new for name, new in _scenario_path(fields, scenario).items() if new != fields[name]}
+    return dataclasses.replace(config, **changed) if changed else config
 
 
 _FILE_HASHES: dict[tuple[str, int, int], str] = {}

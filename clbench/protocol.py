@@ -261,8 +261,9 @@ def check_callback(name: str, factory: Any) -> None:
 def hooks_checked(strategy: StrategyBase, step: int):
     """Around ``strategy.train(step)``: raise :class:`StrategyContractError` if an optimizer of this process took a
     step while no ``on_batch_start`` fired (a loop of its own that bypasses the callbacks: no NaN guard, no private
-    step, no training log). Training in other processes (shard members) is checked there. (``after_backward`` is
-    not required: Avalanche's MER template fires the batch start but none of the backward/update hooks.)"""
+    step, no training log). Training in other processes (shard members) is checked there. (Only the batch start is
+    checked: a loop that fires it but not ``after_forward`` / ``after_backward`` / ``after_step`` around its steps,
+    as Avalanche's MER template did before :class:`~clbench.strategies.avalanche_plugins.HookedMER`, passes.)"""
     from clbench.callbacks import BATCH_HOOKS_FIRED
 
     steps = [0]

@@ -4,6 +4,7 @@
 ::
 
     scenario = SCENARIOS.get(spec.scenario.name)(seed=spec.seed, **spec.scenario.args)
+    config = with_scenario_paths(spec.config(), spec.scenario.name)                   # "{scenario}" in init
     strategy = STRATEGIES.get(spec.strategy.name)(scenario.info, device, config)     # a StrategyBase
     strategy.callbacks.attach(ALWAYS_ON + spec.strategy.callbacks, context)           # hooks of every loop
     for i, experience in enumerate(scenario.train_stream):
@@ -38,7 +39,7 @@ import torch
 from clbench import files, metrics, progress
 from clbench import records as record_files
 from clbench.callbacks import CallbackContext, CallbackSpec
-from clbench.config import config_hash
+from clbench.config import config_hash, with_scenario_paths
 from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, release_freed_memory, resolve_device
 from clbench.errors import NonFiniteLossError, OutputError
@@ -178,7 +179,7 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
     record.scenario_info = dataclasses.asdict(info)
     record.metric_specs = [s.to_dict() for s in evaluator.specs]
     seed_everything(spec.seed)
-    strategy = build_strategy(spec, info, device, config)
+    strategy = build_strategy(spec, info, device, with_scenario_paths(config, spec.scenario.name))
     callbacks = strategy.callbacks
     artifacts = None if out_dir is None else out_dir / "artifacts" / spec.run_id
     callbacks.attach([*ALWAYS_ON, *(CallbackSpec(**c) for c in spec.strategy.callbacks)],

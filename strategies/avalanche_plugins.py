@@ -1,4 +1,5 @@
-"""Avalanche 0.6 methods that exist only as plugins, and clbench's fixes to six of Avalanche's plugins.
+"""Avalanche 0.6 methods that exist only as plugins, clbench's fixes to six of Avalanche's plugins, and its MER
+template with the training hooks fired (:class:`HookedMER`).
 
 :class:`PluginStrategy` is Avalanche's ``Naive`` template plus one plugin built from the strategy's config: the
 strategies of :mod:`clbench.strategies.regularization` and :mod:`clbench.strategies.rehearsal` use it where Avalanche
@@ -60,7 +61,7 @@ from typing import ClassVar
 from unittest import mock
 
 import torch
-from avalanche.training import Naive
+from avalanche.training import MER, Naive
 from avalanche.training.plugins import (
     BiCPlugin,
     CoPEPlugin,
@@ -231,3 +232,41 @@ class CleanGradientGSSPlugin(GSS_greedyPlugin):
         empty sequence) while the memory holds fewer samples than one replay-augmented mini-batch. Subsets of at most
         ``stored`` samples keep at least one."""
         return super().get_rand_mem_grads(strategy, grad_dims, min(gss_batch_size, self.ext_mem_list_current_index))
+
+
+class HookedMER(MER):
+    """Avalanche 0.6's MER template whose per-sample inner steps fire the backward and update hooks.
+
+    MER (Riemer et al., 2019) trains each mini-batch by ``n_inner_steps`` passes of one SGD step per sample (the new
+    samples plus a memory batch), interpolated by Reptile's β and γ. Avalanche's ``_inner_updates`` calls
+    ``loss.backward()`` and ``optimizer.step()`` itself, so no plugin saw a loss, a gradient or an update: clbench's
+    callbacks (the NaN guard, the training log, ``hook_trace``, a ``dual_form`` recorder) saw none of MER's training.
+    Here each inner step fires ``before_backward`` with ``self.loss`` = that sample's loss (through the criterion),
+    ``after_backward`` and ``before_update`` just before the optimizer's step and ``after_update`` just after it
+    (through the optimizer's step hooks): one ``after_forward`` / ``after_backward`` / ``after_step`` per optimizer
+    step, ``on_batch_start`` once per mini-batch. The steps themselves are Avalanche's, unchanged (the hooks only
+    read; tests/test_avalanche_parity.py compares with Avalanche's own MER).
+    """
+
+    def _inner_updates(self, **kwargs):
+        criterion = self._criterion
+
+        def hooked(pred: Tensor, target: Tensor) -> Tensor:
+            self.loss = criterion(pred, target)
+            self._before_backward(**kwargs)
+            return self.loss
+
+        def before_step(optimizer, args, step_kwargs) -> None:
+            self._after_backward(**kwargs)
+            self._before_update(**kwargs)
+
+        handles = [self.optimizer.register_step_pre_hook(before_step),
+                   self.optimizer.register_step_post_hook(lambda optimizer, args, step_kwargs: self._after_update(
+                       **kwargs))]
+        self._criterion = hooked
+        try:
+            super()._inner_updates(**kwargs)
+        finally:
+            self._criterion = criterion
+            for handle in handles:
+                handle.remove()

@@ -71,7 +71,7 @@ class PETLStrategyConfig(MethodArgs):
     model_args: dict = field(default_factory=lambda: {"embed_dim": 64, "depth": 3, "num_heads": 4,
                                                       "patch_size": 4})
     init: str | None = None          # local checkpoint of the pre-trained ViT (run_bench.py pretrain); a
-    #                                  "{scenario}" in the path is replaced by the scenario's name
+    #                                  "{scenario}" in the path is replaced by the scenario's name (runner)
     epochs: int = 5
     batch_size: int = 32
     eval_batch_size: int = 512
@@ -207,8 +207,7 @@ class PETLStrategy(StrategyBase):
         if config.init is None:
             log.warning("%s: no init checkpoint; the frozen backbone is a RANDOM ViT.", type(self).__name__)
         self.petl_config = build_method(self.method, config)
-        init = config.init.replace("{scenario}", info.name) if config.init else None
-        vit = MODELS.get("vit")(info, **{**config.model_args, "init": init, "num_classes": 0})
+        vit = MODELS.get("vit")(info, **{**config.model_args, "init": config.init, "num_classes": 0})
         self.backbone = inject(vit, self.petl_config).to(self.device)
         self.backbone_params = sum(p.numel() for p in self.backbone.parameters())
         self.memory = build_memory(config.memory, config.mem_size) if isinstance(config, SharedConfig) else \

@@ -29,7 +29,8 @@ Each keeps a memory of past samples and uses it in a different way (``L`` = cros
   2 epochs, seed 0, last-step average accuracy: 0.665 with "new", 0.164 with "seen" on split digits; 0.277 and
   0.190 on split MNIST, 500 per class).
 - ``mer``     meta-experience replay: per-sample SGD steps on the mini-batch plus a memory batch, pulled back by
-  Reptile's within-batch (β) and across-batch (γ) interpolations (Riemer et al., 2019).
+  Reptile's within-batch (β) and across-batch (γ) interpolations (Riemer et al., 2019); Avalanche's template with
+  each inner step firing the callbacks' hooks (:class:`~clbench.strategies.avalanche_plugins.HookedMER`).
 
 Defaults, the paper's setting (as run by ContinualAI's ``continual-learning-baselines`` reproductions where named):
 GEM 256 memories per experience (5,120 for 20 CIFAR-100 tasks), γ = 0.5; A-GEM 250 per experience, reference batch
@@ -50,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from avalanche.training import AGEM, ER_ACE, ER_AML, GEM, MER, FeatureReplay
+from avalanche.training import AGEM, ER_ACE, ER_AML, GEM, FeatureReplay
 from avalanche.training.losses import MaskedCrossEntropy
 from avalanche.training.plugins import BiCPlugin, SupervisedPlugin
 from avalanche.training.templates import SupervisedTemplate
@@ -60,6 +61,7 @@ from clbench.registry import STRATEGIES
 from clbench.strategies.avalanche_plugins import (
     CleanGradientGSSPlugin,
     CorrectedBiCPlugin,
+    HookedMER,
     OfflineCoPEPlugin,
     OfflineMIRPlugin,
     PluginStrategy,
@@ -257,5 +259,5 @@ class MERConfig(TrainConfig):
 class MERStrategy(AvalancheStrategy):
     """Meta-experience replay: Reptile-interpolated per-sample SGD on new + memory samples (Riemer et al., 2019)."""
 
-    template_cls = MER
+    template_cls = HookedMER
     Config = MERConfig

@@ -334,3 +334,30 @@ def test_planned_loader_refuses_loaders_that_do_more_than_batch_one_dataset(load
             f"Template trains through a {name}; a callback that chooses the minibatches (e.g. dp) supports plain "
             f"single-dataset loaders only.")):
         planned_loader(Template(Rows(8, tasks=tasks), loader), Planner(EPOCHS).batch_sampler(8, 4, 1))
+
+
+def test_mer_fires_forward_backward_and_step_hooks_at_every_inner_step(recorders, monkeypatch):
+    """Avalanche's MER takes one optimizer step per sample inside its own loop; :class:`HookedMER` fires
+    ``after_forward`` (with that sample's loss), ``after_backward`` and ``after_step`` at each of them, in that
+    order, and ``on_batch_start`` once per mini-batch. Catches MER training with the NaN guard, the training log
+    and every other callback blind again (it fired only the batch start)."""
+    from clbench import api
+
+    callbacks, log, _, _ = recorders
+    scenario = api.scenario("synthetic", n_classes=4, n_experiences=2, train_per_class=6, test_per_class=2)
+    strategy = api.strategy("mer", scenario.info, preset="cpu", epochs=1, batch_size=4, mem_size=4,
+                            batch_size_mem=2, n_inner_steps=2)
+    bridge(strategy.template, callbacks)
+    steps = []
+    handle = strategy.template.optimizer.register_step_post_hook(lambda *a: steps.append(1))
+    for experience in scenario.train_stream:
+        strategy.train(experience)
+    handle.remove()
+    hooks = [hook for tag, hook, _ in log if tag == "a" and hook != "setup"]
+    assert hooks.count("on_batch_start") == 2 * 12 // 4
+    assert hooks.count("after_forward") == hooks.count("after_backward") == hooks.count("after_step") == len(steps)
+    assert len(steps) > 2 * 12 * 2                   # per sample, memory samples in the second experience too
+    inner = [h for h in hooks if h != "on_batch_start" and h != "on_epoch_end"]
+    assert inner == ["after_forward", "after_backward", "after_step"] * len(steps)
+    losses = [args[0] for tag, hook, args in log if tag == "a" and hook == "after_forward"]
+    assert all(loss.shape == () and loss.requires_grad for loss in losses)

@@ -62,13 +62,14 @@ def test_backbone_is_the_checkpoint_and_stays_bitwise_unchanged(name, scenario, 
     assert any(not torch.equal(p, q) for p, q in zip(trained.parameters(), petl_before))
 
 
-def test_init_path_names_the_scenario(scenario, checkpoint, tmp_path):
-    (tmp_path / "vit_synthetic.pt").write_bytes(open(checkpoint, "rb").read())
-    strategy = _strategy("lora", scenario, str(tmp_path / "vit_{scenario}.pt"))
+def test_init_checkpoint_is_the_frozen_backbone(scenario, checkpoint, tmp_path):
+    """The backbone starts from the file ``init`` names (``{scenario}`` in it is replaced by the runner, for every
+    strategy: tests/test_reliability.py); a missing file is an error that says how to make one."""
+    strategy = _strategy("lora", scenario, checkpoint)
     saved = torch.load(checkpoint, weights_only=True)["state_dict"]
     assert torch.equal(strategy.backbone.vit.pos_embed, saved["pos_embed"])
     with pytest.raises(FileNotFoundError, match="run_bench.py pretrain"):
-        _strategy("lora", scenario, str(tmp_path / "missing_{scenario}.pt"))
+        _strategy("lora", scenario, str(tmp_path / "missing.pt"))
 
 
 def test_trainable_pct_is_the_closed_form_over_the_backbone(scenario, checkpoint):

@@ -22,7 +22,7 @@ import torch
 import yaml
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
-from clbench import api, executors
+from clbench import api, config, executors
 from clbench import records as record_files
 from clbench.cli import main
 from clbench.errors import ConfigError
@@ -150,6 +150,50 @@ def test_overwriting_an_init_checkpoint_makes_resume_run_again(tmp_path, capsys)
     second = json.loads((out / "runs/split_digits__naive__s0.json").read_text())
     assert second["checkpoints"] != first["checkpoints"]
     assert second["identity_hash"] != first["identity_hash"]
+
+
+def test_scenario_in_init_names_the_scenario_file_for_every_strategy(tmp_path):
+    """``{scenario}`` in ``init`` is replaced by the scenario's name for any strategy (here naive; it was done by the
+    PETL strategies alone, so every other one failed at run time on the literal path): the run finishes and its
+    record hashes the file of that scenario, while the identity keeps the written path. Catches a substitution
+    that is lost, or done in the identity but not in what the strategy reads."""
+    scenario = api.scenario("split_digits")
+    strategy = api.strategy("naive", scenario.info, preset="cpu")
+    save_weights(strategy.model.feature_extractor, tmp_path / "w_split_digits.pt")
+    suite = tmp_path / "s.yaml"
+    written = str(tmp_path / "w_{scenario}.pt")
+    suite.write_text(yaml.safe_dump({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu",
+                                                              "args": {"init": written, "epochs": 1}}]}))
+    assert _run(suite, tmp_path / "out") == 0
+    record = json.loads((tmp_path / "out/runs/split_digits__naive__s0.json").read_text())
+    assert record["status"] == "finished"
+    assert record["checkpoints"] == {"init": config.file_hash(tmp_path / "w_split_digits.pt")}
+    assert record["strategy_config"]["init"] == written
+
+
+def test_with_scenario_paths_replaces_init_at_any_depth_and_nothing_else():
+    """Top-level ``init`` and ``model_args.init`` are replaced, other strings holding ``{scenario}`` and the input
+    config are not; a config without the placeholder comes back as the same object."""
+    base = config.build_config("naive", "cpu", {"init": "c/{scenario}.pt"})
+    out = config.with_scenario_paths(base, "split_mnist")
+    assert out.init == "c/split_mnist.pt" and base.init == "c/{scenario}.pt"
+    assert {k: v for k, v in vars(out).items() if k != "init"} == {k: v for k, v in vars(base).items() if k != "init"}
+    nested = {"init": None, "model_args": {"init": "{scenario}/b.pt", "name": "{scenario}"}}
+    assert config.with_scenario_paths(nested, "x") == {"init": None, "model_args": {"init": "x/b.pt",
+                                                                                    "name": "{scenario}"}}
+    plain = config.build_config("naive", "cpu", {})
+    assert config.with_scenario_paths(plain, "x") is plain
+
+
+def test_a_missing_checkpoint_is_refused_before_the_first_run(tmp_path, capsys):
+    """An ``init`` file that does not exist (after ``{scenario}`` is replaced) is one error line naming the file
+    and how to create it, exit code 2, and no run starts (each run would have failed on it)."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu", "args": {
+        "init": str(tmp_path / "none_{scenario}.pt")}}]}))
+    assert _run(suite, tmp_path / "out") == 2
+    _one_error_line(capsys, str(tmp_path / "none_split_digits.pt"), "naive (init) on split_digits", "pretrain")
+    assert not list((tmp_path / "out").glob("runs/*.json"))
 
 
 # ------------------------------------------------------------------------------------------- driver killed
