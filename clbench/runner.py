@@ -123,8 +123,10 @@ def record_path(out_dir: str | Path, run_id: str) -> Path:
 
 # --------------------------------------------------------------------------------------------------------- runner
 def build_strategy(spec: RunSpec, info: ScenarioInfo, device: torch.device, config: Any = None) -> StrategyBase:
-    """The run's strategy, with ``config`` (default: :meth:`RunSpec.config`)."""
-    return STRATEGIES.get(spec.strategy.name)(info, device, spec.config() if config is None else config)
+    """The run's strategy, with ``config`` (default: :meth:`RunSpec.config`) whose checkpoint paths have
+    ``{scenario}`` replaced (:func:`clbench.config.with_scenario_paths`): a run and ``forget`` read the same file."""
+    return STRATEGIES.get(spec.strategy.name)(info, device, with_scenario_paths(
+        spec.config() if config is None else config, spec.scenario.name))
 
 
 def build_scenario(spec: RunSpec) -> Scenario:
@@ -179,7 +181,7 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
     record.scenario_info = dataclasses.asdict(info)
     record.metric_specs = [s.to_dict() for s in evaluator.specs]
     seed_everything(spec.seed)
-    strategy = build_strategy(spec, info, device, with_scenario_paths(config, spec.scenario.name))
+    strategy = build_strategy(spec, info, device, config)
     callbacks = strategy.callbacks
     artifacts = None if out_dir is None else out_dir / "artifacts" / spec.run_id
     callbacks.attach([*ALWAYS_ON, *(CallbackSpec(**c) for c in spec.strategy.callbacks)],

@@ -171,6 +171,21 @@ def test_scenario_in_init_names_the_scenario_file_for_every_strategy(tmp_path):
     assert record["strategy_config"]["init"] == written
 
 
+def test_build_strategy_replaces_scenario_in_init_as_the_run_does(tmp_path):
+    """``forget`` rebuilds a run's strategy with ``build_strategy(spec, info, device)`` (no config): the path it reads
+    has ``{scenario}`` replaced as in the run, so the backbone holds the scenario's checkpoint."""
+    from clbench.runner import build_scenario, build_strategy
+
+    scenario = api.scenario("split_digits")
+    saved = api.strategy("naive", scenario.info, preset="cpu")
+    save_weights(saved.model.feature_extractor, tmp_path / "w_split_digits.pt")
+    spec = parse_suite({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu", "args": {
+        "init": str(tmp_path / "w_{scenario}.pt")}}]}, source="test").run_specs("cpu")[0]
+    built = build_strategy(spec, build_scenario(spec).info, torch.device("cpu"))
+    for a, b in zip(built.model.feature_extractor.parameters(), saved.model.feature_extractor.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_with_scenario_paths_replaces_init_at_any_depth_and_nothing_else():
     """Top-level ``init`` and ``model_args.init`` are replaced, other strings holding ``{scenario}`` and the input
     config are not; a config without the placeholder comes back as the same object."""
