@@ -12,6 +12,10 @@ A run's hook sequence, whatever the loop::
         on_epoch_end(epoch)                      # after each epoch of a training call (0-based within the call)
         ...                                      # over every epoch and training phase
     on_experience_end(t)
+    on_evaluation(evaluation)                    # fired by the runner: row t of every score matrix (Evaluation)
+    ...                                          # over every experience
+    close()
+    on_run_end(metrics)                          # the record's summary metrics (run's own process, finished runs)
 
 Before a training call's first batch (each :func:`~clbench.training.fit` call, each Avalanche experience) the loop
 asks ``batch_sampler(n, batch_size, epochs)``: a callback may return a :data:`BatchPlan` that replaces the loop's
@@ -33,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +47,7 @@ from avalanche.training.plugins import SupervisedPlugin
 from torch import Tensor, nn
 
 from clbench.errors import NonFiniteLossError
+from clbench.metrics import MetricSpec, summarize_matrix
 from clbench.registry import CALLBACKS
 
 # clbench scores strategies with its own evaluators: Avalanche templates get an EvaluationPlugin without loggers on
@@ -81,10 +86,54 @@ class CallbackContext:
     n_train: int = 0
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """The scores after training step ``step`` (0-based; an offline run's single evaluation is step 0), as the runner
+    stores them: ``rows[metric]`` is row ``step`` of that metric's matrix ``R`` (``R[step, j]`` for every test
+    experience ``j``, stored units: fractions for a ``%`` metric), ``specs`` describe the metrics, ``sizes[j] = n_j``.
+
+    ``summaries`` are the :func:`clbench.metrics.summarize_matrix` columns of the matrix seen so far: for a continual
+    run the leading block ``R[:step+1, :step+1]`` (so ``last_acc`` is ``A_step``, the score on the test data of the
+    experiences seen so far, ``avg_inc_acc`` the mean of ``A_0..A_step``, ``forgetting`` and ``bwt`` over the
+    experiences before ``step``: ``None`` at step 0); for an offline run the one row (only ``last`` defined).
+    Summaries are in the leaderboard's units (percent for ``%``), as the record's ``metrics``."""
+
+    step: int
+    rows: dict[str, list[float]]
+    specs: tuple[MetricSpec, ...]
+    sizes: list[int]
+    offline: bool
+    summaries: dict[str, float | None]
+
+    @classmethod
+    def after(cls, step: int, matrices: Mapping[str, Sequence[Sequence[float]]], sizes: Sequence[int],
+              specs: Sequence[MetricSpec], offline: bool) -> Evaluation:
+        """The evaluation of row ``step`` of ``matrices`` (the rows stored so far, ``step + 1`` of them)."""
+        n = len(sizes) if offline else step + 1
+        summaries: dict[str, float | None] = {}
+        for spec in specs:
+            block = [list(row[:n]) for row in matrices[spec.name][:step + 1]]
+            summaries.update(summarize_matrix(block, list(sizes[:n]), spec, offline))
+        return cls(step, {k: list(v[step]) for k, v in matrices.items()}, tuple(specs), list(sizes), offline,
+                   summaries)
+
+    def scalars(self) -> dict[str, float]:
+        """Flat ``{name: value}`` for a logger, in the leaderboard's units: ``<metric>/exp<j>`` for each experience
+        ``j`` seen so far (all of them for an offline run; a class-incremental ``R[i, j > i]`` is 0 by construction)
+        and each summary column defined so far."""
+        seen = len(self.sizes) if self.offline else self.step + 1
+        out = {f"{spec.name}/exp{j}": spec.scale * float(v) for spec in self.specs
+               for j, v in enumerate(self.rows[spec.name][:seen])}
+        out.update({k: v for k, v in self.summaries.items() if v is not None})
+        return out
+
+
 class Callback:
     """No-op hooks; subclass and override what you need. :meth:`setup` is called once before training with the
     :class:`CallbackContext` (kept as ``self.context``); :meth:`close` once after the last experience (or after the
-    last batch of a member job)."""
+    last batch of a member job). The runner fires :meth:`on_evaluation` after each step's evaluation and, once the
+    record's metrics are known (after :meth:`close` and :meth:`extra_metrics`), :meth:`on_run_end` with them; both
+    only in the run's own process (a member job sees neither), and ``on_run_end`` only for a run that finished."""
 
     context: CallbackContext
 
@@ -105,7 +154,12 @@ class Callback:
 
     def on_epoch_end(self, epoch: int) -> None: ...
 
+    def on_evaluation(self, evaluation: Evaluation) -> None: ...
+
     def close(self) -> None: ...
+
+    def on_run_end(self, metrics: Mapping[str, Any]) -> None:
+        """``metrics``: the record's ``metrics`` (summary columns, costs, ``extra``: :mod:`clbench.runner`)."""
 
     def batch_sampler(self, n: int, batch_size: int, epochs: int) -> BatchPlan | None:
         """How the coming training call (``epochs`` over ``n`` samples, minibatches of ``batch_size``) draws its
@@ -180,9 +234,17 @@ class CallbackList(Callback):
         for c in self.callbacks:
             c.on_epoch_end(epoch)
 
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        for c in self.callbacks:
+            c.on_evaluation(evaluation)
+
     def close(self) -> None:
         for c in self.callbacks:
             c.close()
+
+    def on_run_end(self, metrics: Mapping[str, Any]) -> None:
+        for c in self.callbacks:
+            c.on_run_end(metrics)
 
     def batch_sampler(self, n: int, batch_size: int, epochs: int) -> BatchPlan | None:
         plans = [(c, p) for c in self.callbacks if (p := c.batch_sampler(n, batch_size, epochs)) is not None]
@@ -305,4 +367,4 @@ class HookTrace(Callback):
 
 
 __all__ = ["CALLBACKS", "BatchPlan", "Callback", "CallbackContext", "CallbackList", "CallbackPlugin", "CallbackSpec",
-           "HookTrace", "bridge", "planned_loader"]
+           "Evaluation", "HookTrace", "bridge", "planned_loader"]

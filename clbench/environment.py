@@ -79,9 +79,17 @@ def _software() -> dict:
             "git_commit": git_commit()}
 
 
+def cpu_capability() -> str:
+    """The instruction set torch's CPU kernels dispatch to (``torch.backends.cpu.get_cpu_capability()``: ``AVX512``,
+    ``AVX2``, ``DEFAULT``, ...): one reason the same run gives other numbers on another host."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def environment(device: torch.device) -> dict:
+    """A record's ``env``: package versions, python, platform, git commit, the device, a one-line machine
+    description, and the CPU (``cpu_model``, ``cpu_capability``: the kernels torch picks on it) whatever the device."""
     return {**_software(), "packages": dict(_software()["packages"]), "device": str(device),
-            "machine": describe_machine(device)}
+            "machine": describe_machine(device), "cpu_model": cpu_model(), "cpu_capability": cpu_capability()}
 
 
 def _rss_bytes() -> int:

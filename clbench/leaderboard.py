@@ -17,7 +17,8 @@ Written as ``leaderboard.csv`` and ``leaderboard.md`` beside the ``runs/`` folde
 percentages; ``params_M`` is the final parameter count in millions, ``params_added_M`` its growth from the first
 to the last step; ``train_s``/``peak_mem_MB`` are per run. Extra strategy metrics (``metrics.extra``) become
 columns of their own. Failed runs are counted in ``n_failed`` and left out of the means; the std of one seed is
-undefined (empty in the CSV, "–" in the markdown). ``overrides`` are the suite's ``args`` of the row's strategy.
+undefined (empty in the CSV; the markdown shows the value and "(n=1)", and a legend line says what "±" is).
+``overrides`` are the suite's ``args`` of the row's strategy.
 Rows are sorted by suite, scenario and then the primary metric (its ``avg_inc``, or ``last`` where that is undefined,
 e.g. for joint training), best first.
 """
@@ -202,16 +203,23 @@ def score_decimals(unit: str) -> int:
 
 
 def mean_pm(row: pd.Series, column: str, decimals: int) -> str:
-    """``"mean ± std"`` of ``column`` in a leaderboard row (``–`` for a missing mean or std: one seed)."""
+    """``"mean ± std"`` of ``column`` in a leaderboard row; ``"value (n=1)"`` where the std is undefined (one seed),
+    ``–`` for a missing mean."""
     if pd.isna(row.get(column)):
         return "–"
     std = row.get(f"{column}_std")
-    return f"{row[column]:.{decimals}f} ± {'–' if pd.isna(std) else f'{std:.{decimals}f}'}"
+    return f"{row[column]:.{decimals}f} " + ("(n=1)" if pd.isna(std) else f"± {std:.{decimals}f}")
+
+
+LEGEND = ("Scores: mean ± std, the sample standard deviation over the row's n seeds (column `seeds`); a row of one "
+          "seed shows its value and (n=1). Costs: mean over the seeds.")
+"""The line under every markdown leaderboard that says what its cells are."""
 
 
 def to_markdown(table: pd.DataFrame, title: str = "") -> str:
-    """A compact markdown table: labels and overrides, mean ± std (– for one seed) for the scores, then costs.
-    Scores get :func:`score_decimals` of their unit, the extra columns 2."""
+    """A compact markdown table: labels and overrides, mean ± std (:func:`mean_pm`) for the scores, then costs,
+    followed by :data:`LEGEND` and the machines. Scores get :func:`score_decimals` of their unit, the extra
+    columns 2."""
     shown = [*(table.attrs.get("primary_columns") or score_columns(ACCURACY)),
              *(c for c in MARKDOWN_EXTRA if c in table and table[c].notna().any())]
     units = table.attrs.get("units", {})
@@ -225,6 +233,7 @@ def to_markdown(table: pd.DataFrame, title: str = "") -> str:
         cells = [str(r["suite"]), str(r["scenario"]), str(r["strategy"]), str(r["preset"]), str(r["overrides"]),
                  seeds, *(mean_pm(r, m, decimals[m]) for m in shown), *cost]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    lines += ["", LEGEND] if len(table) else []
     machines = sorted({m for row in table.get("machine", []) for m in str(row).split("; ") if m})
     if machines:
         lines += ["", "Machine: " + "; ".join(machines)]

@@ -10,6 +10,8 @@
     for i, experience in enumerate(scenario.train_stream):
         callbacks.on_experience_start(i); strategy.train(experience); callbacks.on_experience_end(i)
         scores = scenario.evaluator(strategy, scenario, i, device)     # row i of every matrix, same for all
+        callbacks.on_evaluation(Evaluation.after(i, matrices, ...))       # loggers: scores per experience
+    callbacks.close(); metrics = ...; callbacks.on_run_end(metrics)   # the run's summary to every logger
     record = RunRecord(..., matrices={metric: R}, metrics=metrics.summarize(matrices, sizes, evaluator.specs))
 
 The runner calls the strategy's optional hooks (defaults in :class:`~clbench.protocol.StrategyBase`):
@@ -38,7 +40,7 @@ import torch
 
 from clbench import files, metrics, progress
 from clbench import records as record_files
-from clbench.callbacks import CallbackContext, CallbackSpec
+from clbench.callbacks import CallbackContext, CallbackSpec, Evaluation
 from clbench.config import config_hash, with_scenario_paths
 from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, release_freed_memory, resolve_device
@@ -210,6 +212,7 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
             for name, row in scores.rows.items():
                 record.matrices.setdefault(name, []).append(row)
             record.test_sizes = scores.sizes
+            callbacks.on_evaluation(Evaluation.after(i, record.matrices, scores.sizes, evaluator.specs, offline))
     callbacks.close()
     record.accuracy_matrix = record.matrices.get(metrics.ACCURACY.name, [])
     summary = metrics.summarize(record.matrices, record.test_sizes, evaluator.specs, offline=offline)
@@ -225,6 +228,7 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
             if strategy.save_state(out_dir / relative) is not None:
                 record_files.write_owner(out_dir / relative, record)
                 record.state_dir = relative.as_posix()
+    callbacks.on_run_end(record.metrics)
 
 
 def _extra_metrics(strategy: StrategyBase) -> dict[str, float]:

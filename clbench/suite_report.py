@@ -13,7 +13,9 @@ Sections, in order:
 3. the plots: each scenario's score curves inline, its score-matrix heatmaps and parameter curve as links;
 4. the leaderboard (:func:`clbench.leaderboard.to_markdown`);
 5. failed runs with their reasons;
-6. machine and code version: machines, devices, package versions, git commits and code fingerprints of the records.
+6. machine and code version: machines, CPU models with the instruction set torch's kernels use
+   (``torch.backends.cpu.get_cpu_capability()``: results may differ between hosts), devices, package versions, git
+   commits and code fingerprints of the records.
 
 The numbers are the leaderboard's (mean ± sample std over seeds, one row per run identity).
 """
@@ -134,8 +136,11 @@ def _provenance(records: list[dict]) -> list[str]:
     packages = sorted({f"{k} {v}" for e in envs for k, v in (e.get("packages") or {}).items() if v})
     commits = sorted({(e.get("git_commit") or "unknown")[:10] for e in envs})
     fingerprints = sorted({r.get("code_fingerprint") or "unknown" for r in records})
+    cpus = sorted({f"{e['cpu_model']} (torch CPU kernels: {e.get('cpu_capability') or 'unknown'})"
+                   if e.get("cpu_model") else "not recorded" for e in envs})
     return ["## Machine and code", "",
             f"- machine: {'; '.join(sorted({e.get('machine', 'unknown') for e in envs}))}",
+            f"- CPU: {'; '.join(cpus)}",
             f"- device: {', '.join(sorted({e.get('device', 'unknown') for e in envs}))}; python "
             f"{', '.join(sorted({e.get('python', '?') for e in envs}))}",
             f"- packages: {', '.join(packages) or 'unknown'}",

@@ -1,6 +1,7 @@
 """CallbackList dispatch, unit by unit: every hook reaches every callback in attachment order with its arguments,
 the loss guard raises before any callback sees a non-finite loss, the Avalanche bridge maps the template's events to
-the hooks, and hook_trace writes what it promises."""
+the hooks, hook_trace writes what it promises, and the runner fires the evaluation and run-end hooks with the
+scores of each step (:class:`~clbench.callbacks.Evaluation`) and the record's metrics."""
 
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ from clbench.callbacks import (
     CallbackList,
     CallbackPlugin,
     CallbackSpec,
+    Evaluation,
     HookTrace,
     bridge,
     planned_loader,
 )
 from clbench.errors import NonFiniteLossError
+from clbench.metrics import ACCURACY, MetricSpec
 
 HOOKS = ("on_experience_start", "on_experience_end", "on_batch_start", "after_forward", "after_backward",
-         "after_step", "close")
+         "after_step", "on_epoch_end", "on_evaluation", "close", "on_run_end")
 
 
 class Recorder(Callback):
@@ -65,19 +68,23 @@ def test_every_hook_reaches_every_callback_in_attachment_order_with_its_argument
     assert callbacks.specs() == tuple(specs)
     log.clear()
     x, y, loss, model, opt = torch.zeros(2, 3), torch.tensor([0, 1]), torch.tensor(0.5), torch.nn.Linear(1, 1), object()
+    evaluation, metrics = object(), {"last_acc": 1.0}
     callbacks.on_experience_start(3)
     callbacks.on_batch_start(x, y)
     callbacks.after_forward(loss)
     callbacks.after_backward(model)
     callbacks.after_step(opt)
+    callbacks.on_epoch_end(0)
     callbacks.on_experience_end(3)
+    callbacks.on_evaluation(evaluation)
     callbacks.close()
-    expected = [(3,), (x, y), (loss,), (model,), (opt,), (3,), ()]
+    callbacks.on_run_end(metrics)
+    expected = [(3,), (x, y), (loss,), (model,), (opt,), (0,), (3,), (evaluation,), (), (metrics,)]
     hooks = ["on_experience_start", "on_batch_start", "after_forward", "after_backward", "after_step",
-             "on_experience_end", "close"]
+             "on_epoch_end", "on_experience_end", "on_evaluation", "close", "on_run_end"]
     assert [(tag, hook) for tag, hook, _ in log] == [(t, h) for h in hooks for t in "ab"]
     for (_, _, args), want in zip(log, [a for a in expected for _ in "ab"]):
-        assert len(args) == len(want) and all(a is w for a, w in zip(args, want))
+        assert len(args) == len(want) and all(a is w or a == w == 0 for a, w in zip(args, want))
     assert callbacks.extra_metrics() == {"eps": 1.5}
 
 
@@ -361,3 +368,87 @@ def test_mer_fires_forward_backward_and_step_hooks_at_every_inner_step(recorders
     assert inner == ["after_forward", "after_backward", "after_step"] * len(steps)
     losses = [args[0] for tag, hook, args in log if tag == "a" and hook == "after_forward"]
     assert all(loss.shape == () and loss.requires_grad for loss in losses)
+
+
+# ----------------------------------------------------------------------------------- evaluation and run end
+R = [[0.9, 0.0, 0.0],
+     [0.6, 0.8, 0.0],
+     [0.3, 0.7, 1.0]]
+SIZES = [10, 30, 20]
+
+
+def test_an_evaluation_holds_the_row_and_the_summaries_of_the_matrix_seen_so_far():
+    """After step i: row i as stored, and the summaries of the leading block R[:i+1, :i+1] in percent, by hand:
+    A_0 = 90, A_1 = (0.6*10 + 0.8*30) / 40 = 75, A_2 = (3 + 21 + 20) / 60 = 73.33; forgetting at step 1 = 90 - 60,
+    at step 2 = mean(90 - 30, 80 - 70) = 35; bwt at step 1 = 60 - 90, at step 2 = mean(30 - 90, 70 - 80) = -35.
+    Catches summaries over the whole (future) matrix, unweighted means, a fraction where a percentage is due, and
+    scalars of experiences not seen yet."""
+    seen = {"accuracy": []}
+    got = []
+    for i, row in enumerate(R):
+        seen["accuracy"].append(row)
+        got.append(Evaluation.after(i, seen, SIZES, (ACCURACY,), offline=False))
+    assert [e.rows for e in got] == [{"accuracy": row} for row in R] and got[2].sizes == SIZES
+    assert got[0].summaries == {"avg_inc_acc": pytest.approx(90), "last_acc": pytest.approx(90),
+                                "forgetting": None, "bwt": None}
+    assert got[1].summaries == pytest.approx({"avg_inc_acc": 82.5, "last_acc": 75, "forgetting": 30, "bwt": -30})
+    assert got[2].summaries == pytest.approx({"avg_inc_acc": (90 + 75 + 44 / 0.6) / 3, "last_acc": 44 / 0.6,
+                                              "forgetting": 35, "bwt": -35})
+    assert got[0].scalars() == pytest.approx({"accuracy/exp0": 90, "avg_inc_acc": 90, "last_acc": 90})
+    assert got[1].scalars() == pytest.approx({"accuracy/exp0": 60, "accuracy/exp1": 80, "avg_inc_acc": 82.5,
+                                              "last_acc": 75, "forgetting": 30, "bwt": -30})
+
+
+def test_an_offline_evaluation_covers_every_experience_and_a_unitless_metric_keeps_its_values():
+    """An offline (joint) run's single row: every experience's score and only ``last`` (weighted over all); a
+    metric without unit (NDCG) is logged as stored, under its own column names; lower-is-better forgetting signs."""
+    ndcg = MetricSpec("ndcg@10", primary=True)
+    offline = Evaluation.after(0, {"ndcg@10": [[0.2, 0.4, 0.1]]}, SIZES, (ndcg,), offline=True)
+    assert offline.scalars() == pytest.approx({"ndcg@10/exp0": 0.2, "ndcg@10/exp1": 0.4, "ndcg@10/exp2": 0.1,
+                                               "ndcg@10_last": (2 + 12 + 2) / 60})
+    loss = MetricSpec("loss", higher_is_better=False)
+    two = Evaluation.after(1, {"loss": [[1.0, 5.0], [3.0, 2.0]]}, [1, 1], (loss,), offline=False)
+    assert two.summaries["loss_forgetting"] == pytest.approx(2.0) and two.summaries["loss_bwt"] == pytest.approx(2.0)
+
+
+class Watcher(Callback):
+    """Logs the run-level hooks and what they carry."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def on_experience_end(self, experience):
+        self.log.append(("on_experience_end", experience))
+
+    def on_evaluation(self, evaluation):
+        self.log.append(("on_evaluation", evaluation))
+
+    def close(self):
+        self.log.append(("close",))
+
+    def on_run_end(self, metrics):
+        self.log.append(("on_run_end", metrics))
+
+
+@pytest.mark.parametrize("strategy", ["naive", "joint"])
+def test_the_runner_fires_an_evaluation_after_each_step_and_the_run_end_with_the_records_metrics(
+        monkeypatch, strategy):
+    """Each step: on_experience_end(i), then on_evaluation with row i of the record's matrix; close once; then
+    on_run_end with the record's metrics (the same dict). An offline run (joint) is evaluated once, at step 0, on
+    every experience. Catches a hook not fired, fired before the scores exist, or fed other numbers."""
+    from clbench import api
+
+    log: list = []
+    monkeypatch.setitem(CALLBACKS._entries, "test_watch", lambda: Watcher(log))
+    record = api.run("synthetic", strategy, preset="cpu", args={"epochs": 1}, device="cpu", callbacks=["test_watch"],
+                     scenario_args={"train_per_class": 4, "test_per_class": 2, "n_experiences": 3})
+    assert record.status == "finished", record.reason
+    steps = 1 if strategy == "joint" else 3
+    assert [entry[0] for entry in log] == ["on_experience_end", "on_evaluation"] * steps + ["close", "on_run_end"]
+    evaluations = [entry[1] for entry in log if entry[0] == "on_evaluation"]
+    assert [e.step for e in evaluations] == list(range(steps))
+    assert [e.rows["accuracy"] for e in evaluations] == record.accuracy_matrix
+    assert all(e.offline == (strategy == "joint") and e.sizes == record.test_sizes for e in evaluations)
+    assert log[-1][1] is record.metrics
+    last = {k: v for k, v in evaluations[-1].summaries.items()}
+    assert last == pytest.approx({k: record.metrics[k] for k in last})

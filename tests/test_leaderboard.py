@@ -64,8 +64,9 @@ def test_markdown_has_suite_and_overrides_and_sorts_by_the_primary_metric(tmp_pa
     assert list(table["strategy"]) == ["joint", "replay", "naive"]
     md = (tmp_path / "leaderboard.md").read_text().splitlines()
     assert md[2].startswith("| suite | scenario | strategy | preset | overrides | seeds | avg_inc_acc |")
-    assert md[4].startswith("| s | synthetic | joint | cpu | – | 1 | – | 95.00 ± – |")
-    assert md[5].startswith("| s | synthetic | replay | cpu | mem_size=200, model_args={hidden: [8]} | 1 | 70.00 ± – |")
+    assert md[4].startswith("| s | synthetic | joint | cpu | – | 1 | – | 95.00 (n=1) |")
+    assert md[5].startswith("| s | synthetic | replay | cpu | mem_size=200, model_args={hidden: [8]} | 1 "
+                            "| 70.00 (n=1) |")
     assert md[6].startswith("| s | synthetic | naive | cpu | – | 2 | 45.00 ± 7.07 | 25.00 ± 7.07 |")
     assert "Machine: cpu: test" in md[-1]
     csv = pd.read_csv(tmp_path / "leaderboard.csv")
@@ -84,8 +85,8 @@ HEADER = ("| suite | scenario | strategy | preset | overrides | seeds | avg_inc_
 
 def test_markdown_is_exactly_title_header_rows_and_machines():
     """The whole markdown of a small table: title, header, separator, one row per identity (mean ± sample std,
-    "–" for the std of one seed, "(N failed)" after the seed count, costs with their decimals, "|" escaped in a
-    cell), then the machines."""
+    "(n=1)" instead of the std of one seed, "(N failed)" after the seed count, costs with their decimals, "|"
+    escaped in a cell), then the legend and the machines."""
     records = [_record("naive", 0, 40.0, 20.0), _record("naive", 1, 50.0, 30.0),
                _record("naive", 2, 0, 0, status="failed"),
                _record("replay", 0, 70.0, 60.0, label="rp", args={"mem_size": 200, "tag": "a|b"})]
@@ -94,11 +95,12 @@ def test_markdown_is_exactly_title_header_rows_and_machines():
     md = leaderboard.to_markdown(leaderboard.build(records), "Title")
     assert md.splitlines() == [
         "# Title", "", HEADER, "|" + "---|" * 14,
-        "| s | synthetic | rp | cpu | mem_size=200, tag=a\\|b | 1 | 70.00 ± – | 60.00 ± – | 10.00 ± – | -5.00 ± – "
+        "| s | synthetic | rp | cpu | mem_size=200, tag=a\\|b | 1 | 70.00 (n=1) | 60.00 (n=1) | 10.00 (n=1) "
+        "| -5.00 (n=1) "
         "| 12.346 | 0.001 | 100.0 | – |",
         "| s | synthetic | naive | cpu | – | 2 (1 failed) | 45.00 ± 7.07 | 25.00 ± 7.07 | 10.00 ± 0.00 | -5.00 ± 0.00 "
         "| 1.000 | 0.500 | 2.0 | 3.0 |",
-        "", "Machine: cpu: test; gpu: other"]
+        "", leaderboard.LEGEND, "", "Machine: cpu: test; gpu: other"]
     assert md.endswith("\n") and not md.endswith("\n\n")
 
 
@@ -108,7 +110,8 @@ def test_markdown_without_title_or_machines_and_an_all_failed_row():
     records = [_record("naive", 0, 0, 0, status="failed"), _record("naive", 1, 0, 0, status="failed")]
     md = leaderboard.to_markdown(leaderboard.build(records)).splitlines()
     assert md == [HEADER, "|" + "---|" * 14,
-                  "| s | synthetic | naive | cpu | – | 0 (2 failed) | – | – | – | – | – | – | – | – |"]
+                  "| s | synthetic | naive | cpu | – | 0 (2 failed) | – | – | – | – | – | – | – | – |", "",
+                  leaderboard.LEGEND]
 
 
 def test_every_column_is_the_mean_over_finished_seeds_with_stds_for_scores_only():
@@ -279,10 +282,11 @@ def test_markdown_decimals_follow_each_columns_unit_and_extra_columns_show_where
         "ndcg@10_avg_inc | ndcg@10_last | ndcg@10_forgetting | ndcg@10_bwt | epsilon | trainable_pct | params_M | "
         "params_added_M | train_s | peak_mem_MB |",
         "|" + "---|" * 20,
-        "| s | movielens | seqrec | cpu | – | 1 | – | – | – | – | 0.2500 ± – | 0.1250 ± – | 0.5000 ± – | -0.0625 ± – "
+        "| s | movielens | seqrec | cpu | – | 1 | – | – | – | – | 0.2500 (n=1) | 0.1250 (n=1) | 0.5000 (n=1) "
+        "| -0.0625 (n=1) "
         "| – | – | 1.000 | 0.500 | 2.0 | 3.0 |",
-        "| s | synthetic | naive | cpu | – | 1 | 40.00 ± – | 20.00 ± – | 10.00 ± – | -5.00 ± – | – | – | – | – "
-        "| 3.00 ± – | 1.50 ± – | 1.000 | 0.500 | 2.0 | 3.0 |"]
+        "| s | synthetic | naive | cpu | – | 1 | 40.00 (n=1) | 20.00 (n=1) | 10.00 (n=1) | -5.00 (n=1) | – | – | – | – "
+        "| 3.00 (n=1) | 1.50 (n=1) | 1.000 | 0.500 | 2.0 | 3.0 |"]
 
 
 def test_columns_in_order_and_a_fresh_index():

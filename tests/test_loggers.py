@@ -1,15 +1,24 @@
-"""Training curves: every run logs loss and learning rate per epoch (training_log.jsonl, drawn into
-training_curve.png and linked from report.md); TensorBoard and Weights & Biases (offline) log the same rows when a
-suite entry attaches them; api.run prints no Avalanche logger warning."""
+"""Loggers: every run logs loss and learning rate per epoch (training_log.jsonl and .csv, drawn into
+training_curve.png and linked from report.md) and its evaluations (evaluation_log.jsonl); TensorBoard and Weights &
+Biases (offline) log the same rows, the scores after every step and the run's summary when a suite entry attaches
+them; ``--quiet`` silences W&B's console output; api.run prints no Avalanche logger warning."""
 
+import csv
 import json
+import os
+import struct
 import subprocess
 import sys
+import tempfile
 
+import numpy as np
 import pytest
 
 from clbench.artifacts import CURVE_FILE, read_log
+from clbench.callbacks import CallbackContext
 from clbench.cli import main
+from clbench.loggers import COLUMNS, CSV_FILE, EVALUATION_FILE
+from clbench.metrics import seen_accuracy
 
 RUN = "synthetic__naive__s0"
 
@@ -28,8 +37,53 @@ def logged(tmp_path_factory):
                         "callbacks": ["tensorboard", {"name": "wandb", "args": {"project": "clbench-test"}},
                                       {"name": "hook_trace"}]}]}))
     out = tmp / "out"
-    assert main(["--suite", str(suite), "--out", str(out), "--quiet", "--quiet-table", "--device", "cpu"]) == 0
+    silent = os.environ.pop("WANDB_SILENT", None)
+    with tempfile.TemporaryFile() as console:           # the process's stdout and stderr, at the descriptor level
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(console.fileno(), 1), os.dup2(console.fileno(), 2)
+        try:
+            code = main(["--suite", str(suite), "--out", str(out), "--quiet", "--quiet-table", "--device", "cpu"])
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.environ.pop("WANDB_SILENT", None)
+            if silent is not None:
+                os.environ["WANDB_SILENT"] = silent
+        console.seek(0)
+        (tmp / "console.txt").write_bytes(console.read())
+    assert code == 0
     return out
+
+
+def _record(out):
+    return json.loads((out / "runs" / f"{RUN}.json").read_text())
+
+
+def _wandb_records(path):
+    """The protobuf records of a W&B ``.wandb`` file: a 7-byte header (``:W&B``, magic, version), then LevelDB log
+    blocks of 32 KiB holding chunks ``crc (4) | length (2, little-endian) | type (1: full, 2-4: first, middle,
+    last) | data``."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, chunks = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:                       # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
+        chunks += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(chunks)
+            chunks = b""
+            yield record
+
+
+def _items(items):
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
 
 
 def test_training_log_has_one_row_per_epoch_with_the_mean_loss_of_its_batches(logged):
@@ -63,9 +117,94 @@ def test_tensorboard_gets_the_same_rows(logged):
     assert [e.value for e in events.Scalars("lr")] == pytest.approx([0.003] * len(rows))
 
 
-def test_wandb_writes_an_offline_run(logged):
+def test_the_csv_log_holds_the_rows_of_the_jsonl_log(logged):
+    rows = read_log(logged / "artifacts" / RUN)
+    with open(logged / "artifacts" / RUN / CSV_FILE, newline="") as f:
+        table = list(csv.reader(f))
+    assert tuple(table[0]) == COLUMNS and len(table) == 1 + len(rows) == 7
+    assert table[1:] == [["" if r[c] is None else str(r[c]) for c in COLUMNS] for r in rows]
+
+
+def _expected_evaluations(record):
+    """Per step i: accuracy on each experience seen (percent) and A_i, from the record's matrix."""
+    R, sizes = np.asarray(record["accuracy_matrix"]), record["test_sizes"]
+    return [{**{f"accuracy/exp{j}": 100 * R[i, j] for j in range(i + 1)}, "last_acc": 100 * seen_accuracy(R, sizes, i),
+             "avg_inc_acc": 100 * np.mean([seen_accuracy(R, sizes, k) for k in range(i + 1)])}
+            for i in range(len(R))]
+
+
+def test_the_evaluation_log_holds_every_step_of_the_score_matrix(logged):
+    """The scores after step i are row i of the record's matrix (seen experiences only, in percent), A_i and the
+    running avg_inc; forgetting is defined from step 1 and at the last step equals the record's."""
+    record = _record(logged)
+    lines = [json.loads(line) for line in (logged / "artifacts" / RUN / EVALUATION_FILE).read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    for line, want in zip(lines, _expected_evaluations(record)):
+        assert {k: line[k] for k in want} == pytest.approx(want, rel=1e-9)
+    assert "forgetting" not in lines[0] and "bwt" not in lines[0]
+    for key in ("avg_inc_acc", "last_acc", "forgetting", "bwt"):
+        assert lines[-1][key] == pytest.approx(record["metrics"][key], rel=1e-9)
+
+
+def test_tensorboard_holds_the_evaluation_accuracies_per_experience_and_the_summary(logged):
+    """The done-when of issue 35: the event file, read back, holds the accuracy on each experience after each step
+    (eval/accuracy/exp<j> at step i, j <= i), A_i, forgetting, and the record's final metrics."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    record = _record(logged)
+    events = EventAccumulator(str(logged / "artifacts" / RUN / "tensorboard"))
+    events.Reload()
+    for i, want in enumerate(_expected_evaluations(record)):
+        for name, value in want.items():
+            got = {e.step: e.value for e in events.Scalars(f"eval/{name}")}
+            assert got[i] == pytest.approx(value, rel=1e-5), (name, i)
+    assert [e.step for e in events.Scalars("eval/accuracy/exp2")] == [2]
+    assert [e.step for e in events.Scalars("eval/forgetting")] == [1, 2]
+    for key in ("avg_inc_acc", "last_acc", "forgetting", "train_s", "params_M"):
+        (final,) = events.Scalars(f"final/{key}")
+        assert final.step == 2 and final.value == pytest.approx(record["metrics"][key], rel=1e-5)
+
+
+def test_wandb_writes_an_offline_run_with_the_evaluations_and_the_summary(logged):
+    record = _record(logged)
     runs = list((logged / "artifacts" / RUN / "wandb" / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    assert len(runs) == 1
+    (store,) = runs[0].glob("*.wandb")
+    history, summary = [], {}
+    for r in _wandb_records(store):
+        kind = r.WhichOneof("record_type")
+        if kind == "history":
+            history.append(_items(r.history.item))
+        elif kind == "summary":
+            summary.update(_items(r.summary.update))
+    evaluations = [h for h in history if "eval_step" in h]
+    assert [h["eval_step"] for h in evaluations] == [0, 1, 2]
+    for got, want in zip(evaluations, _expected_evaluations(record)):
+        assert {k: got[f"eval/{k}"] for k in want} == pytest.approx(want, rel=1e-9)
+    assert [h["loss"] for h in history if "loss" in h] == pytest.approx([r["loss"] for r in read_log(
+        logged / "artifacts" / RUN)], rel=1e-9)
+    for key in ("avg_inc_acc", "last_acc", "forgetting", "bwt", "train_s"):
+        assert summary[key] == pytest.approx(record["metrics"][key], rel=1e-9)
+
+
+def test_quiet_silences_wandb(logged):
+    """W&B prints ~20 lines per run unless silenced (test_wandb_speaks_unless_silenced); under --quiet none."""
+    assert "wandb:" not in (logged.parent / "console.txt").read_text()
+
+
+def test_wandb_speaks_unless_silenced(tmp_path, monkeypatch, capfd):
+    """Without --quiet W&B's own console lines stay (they say how to sync the offline run)."""
+    import wandb
+
+    from clbench.loggers import WandbLog
+
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    wandb.teardown()                     # W&B reads WANDB_SILENT once per process, at its first set-up
+    logger = WandbLog(project="clbench-test")
+    logger.setup(CallbackContext(run_id="r", artifacts=tmp_path))
+    logger.close()
+    logger.on_run_end({"last_acc": 50.0, "extra": {}})
+    assert "wandb: You can sync this run to the cloud" in capfd.readouterr().err
 
 
 def test_file_loggers_need_an_output_folder():

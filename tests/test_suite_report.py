@@ -18,7 +18,7 @@ from clbench.cli import main
 from clbench.metrics import ACCURACY
 
 ENV = {"machine": "cpu: 2 cores (test)", "device": "cpu", "python": "3.11.7", "git_commit": "abcdef1234567890",
-       "packages": {"torch": "2.14.1"}}
+       "packages": {"torch": "2.14.1"}, "cpu_model": "Test CPU", "cpu_capability": "AVX2"}
 LOSS = {"name": "loss", "unit": "", "higher_is_better": False, "primary": True, "columns": {}}
 OUT = Path("/r/out")                       # render only reads the records and the plot paths: no folder needed
 
@@ -103,16 +103,16 @@ def test_report_md_line_by_line():
         "= least forgetting.", "",
         "### z", "",
         "Primary metric: `loss`; 2 continual strategies, 1 offline (joint) row(s).", "",
-        "- best `loss_avg_inc` (lowest): `p|q`, `u` with 2.0000 ± –",
-        "- best `loss_last` (lowest): `oracle` with 1.5000 ± –",
-        "- best `loss_forgetting` (lowest): `u` with 0.5000 ± –",
-        "- best `loss_bwt` (lowest): `p|q` with -1.0000 ± –",
-        "- joint upper bound: `oracle`, `loss_last` 1.5000 ± –", "",
+        "- best `loss_avg_inc` (lowest): `p|q`, `u` with 2.0000 (n=1)",
+        "- best `loss_last` (lowest): `oracle` with 1.5000 (n=1)",
+        "- best `loss_forgetting` (lowest): `u` with 0.5000 (n=1)",
+        "- best `loss_bwt` (lowest): `p|q` with -1.0000 (n=1)",
+        "- joint upper bound: `oracle`, `loss_last` 1.5000 (n=1)", "",
         "| rank | strategy | seeds | loss_avg_inc | loss_last | gap to joint (loss_last) | loss_forgetting | "
         "forgetting rank |",
         "|---|---|---|---|---|---|---|---|",
-        "| 1 | `p\\|q` | 1 | 2.0000 ± – | 2.5000 ± – | 1.0000 | 1.0000 ± – | 2 |",
-        "| 2 | `u` | 1 | 2.0000 ± – | 3.0000 ± – | 1.5000 | 0.5000 ± – | 1 |", "",
+        "| 1 | `p\\|q` | 1 | 2.0000 (n=1) | 2.5000 (n=1) | 1.0000 | 1.0000 (n=1) | 2 |",
+        "| 2 | `u` | 1 | 2.0000 (n=1) | 3.0000 (n=1) | 1.5000 | 0.5000 (n=1) | 1 |", "",
         "Gap to joint: `loss_last` of `oracle` minus the strategy's (positive: below the upper bound). Forgetting rank "
         "1 = least forgetting.", "",
         "## Plots", "",
@@ -133,6 +133,7 @@ def test_report_md_line_by_line():
         "- `z__w__s0`: no reason recorded", "",
         "## Machine and code", "",
         "- machine: cpu: 2 cores (test); gpu: 1x test; unknown",
+        "- CPU: Test CPU (torch CPU kernels: AVX2); not recorded",
         "- device: cpu, cuda, unknown; python 3.11.7, 3.12.1, ?",
         "- packages: numpy 2.1.0, torch 2.14.1",
         "- git commit(s) of the runs: abcdef1234, unknown",
@@ -169,13 +170,13 @@ def test_a_single_experience_has_no_forgetting_columns():
     assert section.splitlines() == [
         "### sc", "",
         "Primary metric: `accuracy` (%); 2 continual strategies, 0 offline (joint) row(s).", "",
-        "- best `avg_inc_acc` (highest): `a` with 50.00 ± –",
-        "- best `last_acc` (highest): `a` with 50.00 ± –",
+        "- best `avg_inc_acc` (highest): `a` with 50.00 (n=1)",
+        "- best `last_acc` (highest): `a` with 50.00 (n=1)",
         "- no offline (joint) row in this suite: no upper bound to compare with", "",
         "| rank | strategy | seeds | avg_inc_acc | last_acc |",
         "|---|---|---|---|---|",
-        "| 1 | `a` | 1 | 50.00 ± – | 50.00 ± – |",
-        "| 2 | `b` | 1 | 40.00 ± – | 40.00 ± – |", "",
+        "| 1 | `a` | 1 | 50.00 (n=1) | 50.00 (n=1) |",
+        "| 2 | `b` | 1 | 40.00 (n=1) | 40.00 (n=1) |", "",
         "Forgetting is undefined here (a single experience).", ""]
 
 
@@ -187,8 +188,8 @@ def test_a_scenario_of_offline_runs_only_has_no_table():
     assert section.splitlines() == [
         "### sc", "",
         "Primary metric: `accuracy` (%); 0 continual strategies, 1 offline (joint) row(s).", "",
-        "- best `last_acc` (highest): `joint` with 90.00 ± –",
-        "- joint upper bound: `joint`, `last_acc` 90.00 ± –", ""]
+        "- best `last_acc` (highest): `joint` with 90.00 (n=1)",
+        "- joint upper bound: `joint`, `last_acc` 90.00 (n=1)", ""]
 
 
 def test_a_forgetting_undefined_for_one_strategy_is_a_dash_and_ranks_are_shared_on_ties():
@@ -200,10 +201,10 @@ def test_a_forgetting_undefined_for_one_strategy_is_a_dash_and_ranks_are_shared_
     records[2]["metrics"]["last_acc"] = None
     lines = suite_report.render(records, [], OUT).splitlines()
     assert [line for line in lines if line.startswith("| ") and line[2].isdigit()] == [
-        "| 1 | `a` | 1 | 80.00 ± – | 60.00 ± – | 30.00 | 10.00 ± – | 1 |",
-        "| 2 | `b` | 1 | 70.00 ± – | 66.00 ± – | 24.00 | 10.00 ± – | 1 |",
-        "| 3 | `c` | 1 | 60.00 ± – | – | – | – | – |"]
-    assert "- best `forgetting` (lowest): `a`, `b` with 10.00 ± –" in lines
+        "| 1 | `a` | 1 | 80.00 (n=1) | 60.00 (n=1) | 30.00 | 10.00 (n=1) | 1 |",
+        "| 2 | `b` | 1 | 70.00 (n=1) | 66.00 (n=1) | 24.00 | 10.00 (n=1) | 1 |",
+        "| 3 | `c` | 1 | 60.00 (n=1) | – | – | – | – |"]
+    assert "- best `forgetting` (lowest): `a`, `b` with 10.00 (n=1)" in lines
 
 
 def test_no_records_give_a_report_that_says_so():
@@ -217,7 +218,7 @@ def test_no_records_give_a_report_that_says_so():
         "row(s), seeds .", "",
         "## Summary per scenario", "", "## Plots", "", "## Leaderboard", "", board, "",
         "## Machine and code", "",
-        "- machine: ", "- device: ; python ", "- packages: unknown", "- git commit(s) of the runs: ",
+        "- machine: ", "- CPU: ", "- device: ; python ", "- packages: unknown", "- git commit(s) of the runs: ",
         "- code fingerprints (0):  (per row in leaderboard.csv)", ""])
 
 
@@ -250,7 +251,7 @@ def test_an_offline_row_never_wins_forgetting_or_bwt():
     lines = suite_report.render(records, [], OUT).splitlines()
     assert [line for line in lines if line.startswith("- best")] == [
         "- best `avg_inc_acc` (highest): `a` with 82.00 ± 2.83",
-        "- best `last_acc` (highest): `joint` with 90.00 ± –",
+        "- best `last_acc` (highest): `joint` with 90.00 (n=1)",
         "- best `forgetting` (lowest): `b` with 12.00 ± 2.83",
         "- best `bwt` (highest): `b` with -12.00 ± 2.83"]
 
@@ -297,3 +298,17 @@ def test_run_and_report_commands_write_report_md(tiny_suite, tmp_path, capsys):
     assert (out / "report.md").exists() and f"report: {out / 'report.md'}" in capsys.readouterr().err
     assert main(["report", "--out", str(tmp_path / "nothing")]) == 2
     assert "no run records in" in capsys.readouterr().err
+
+
+def test_a_records_environment_names_the_cpu_and_the_kernels_torch_picks_on_it():
+    """Intel and AMD hosts give different numbers for some strategies: every record's ``env`` says which CPU and
+    which of torch's kernel sets (``torch.backends.cpu.get_cpu_capability()``) ran it, whatever the device."""
+    import torch
+
+    from clbench.environment import environment
+
+    env = environment(torch.device("cpu"))
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and env["cpu_capability"]
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
+    assert env["cpu_model"] == model or model is None and env["cpu_model"]
