@@ -41,7 +41,7 @@ mutation: $(STAMP)
 	$(PY) tests/mutation_report.py --survivors
 
 lists: $(STAMP)
-	$(PY) -c "from clbench.registry import write_index; write_index()"
+	$(PY) -c "from clbench.plugins import write_index; write_index()"
 	$(PY) -m clbench list --readme README.md
 
 clean-venv:

@@ -56,7 +56,7 @@ def test_unknown_override_exits_2(capsys):
 def test_readme_lists_are_the_generated_shipped_lists():
     """README's lists are written by `make lists` (`clbench list --readme README.md`) from what ships with clbench:
     this catches a shipped name or summary that changed without them; strategies of plugins never count."""
-    from clbench.cli import README_MARKERS, list_lines
+    from clbench.commands.lists import README_MARKERS, list_lines
 
     readme = (ROOT / "README.md").read_text()
     block = readme.split(README_MARKERS[0])[1].split(README_MARKERS[1])[0]

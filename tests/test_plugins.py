@@ -13,19 +13,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from clbench import registry
+from clbench import plugins, registry
 from clbench.cli import main
-from clbench.registry import (
-    ENV,
-    MODELS,
-    STRATEGIES,
-    UNAVAILABLE,
-    PluginError,
-    UnavailableError,
-    import_plugin,
-    load_plugin,
-    scan,
-)
+from clbench.plugins import ENV, UNAVAILABLE, PluginError, import_plugin, load_plugin, scan
+from clbench.registry import MODELS, STRATEGIES, UnavailableError
 
 ROOT = Path(__file__).parents[1]
 
@@ -96,7 +87,7 @@ class Linear(StrategyBase):
 def plugin(tmp_path, monkeypatch):
     """Write a module into a folder on sys.path; whatever the test loads is forgotten afterwards."""
     monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.setattr(registry, "_loaded_specs", {})
+    monkeypatch.setattr(plugins, "_loaded_specs", {})
     before = set(sys.modules)
 
     def write(name: str, source: str) -> str:
@@ -111,7 +102,7 @@ def plugin(tmp_path, monkeypatch):
     for name in set(sys.modules) - before:
         if name.startswith("test_plugin"):
             del sys.modules[name]
-    for table in (UNAVAILABLE, registry.FAILED_NAMES):
+    for table in (UNAVAILABLE, plugins.FAILED_NAMES):
         for name in [m for m in table if m.startswith("test_plugin")]:
             del table[name]
 
@@ -267,8 +258,8 @@ def test_a_plugin_packages_own_modules_join_the_fingerprint(tmp_path, monkeypatc
 def test_list_reads_the_index_and_list_check_imports_to_find_failures(plugin, monkeypatch, capsys):
     """A module known from the index is listed from it without importing; --check imports it and shows its cause."""
     name = plugin("test_plugin_indexed", MISSING_DEPENDENCY)
-    indexed = registry.Source(name, None, "shipped", {"strategy": {"test_half_strategy": "From the index."}})
-    monkeypatch.setattr(registry, "_sources", [*registry.sources(), indexed])
+    indexed = plugins.Source(name, None, "shipped", {"strategy": {"test_half_strategy": "From the index."}})
+    monkeypatch.setattr(plugins, "_sources", [*plugins.sources(), indexed])
     assert main(["list"]) == 0
     listed = capsys.readouterr().out
     assert "test_half_strategy" in listed and "From the index." in listed and name not in sys.modules

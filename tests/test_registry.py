@@ -44,7 +44,7 @@ def test_plugins_register_the_baselines_and_scenarios():
 def test_index_is_current():
     """clbench/plugin_index.json is what importing every shipped plugin module gives (`make lists` writes it); a
     stale entry only costs start time (its module is then read or imported), but the README lists come from it."""
-    from clbench.registry import INDEX_FILE, build_index
+    from clbench.plugins import INDEX_FILE, build_index
 
     assert build_index() == json.loads(INDEX_FILE.read_text()), "the registries' index is stale: run `make lists`"
 
@@ -52,7 +52,8 @@ def test_index_is_current():
 def test_reading_a_module_finds_every_name_it_registers_or_says_it_cannot():
     """Without the index (a module edited since), names come from the module's code: each name a shipped module
     registers is found there, or its registry is marked as needing the import."""
-    from clbench.registry import REGISTRIES, load_plugins, scan, shipped_modules
+    from clbench.plugins import load_plugins, scan, shipped_modules
+    from clbench.registry import REGISTRIES
 
     load_plugins()
     files = dict(shipped_modules())
@@ -70,3 +71,19 @@ def test_callbacks_and_commands_are_discovered_not_listed():
     assert {"hook_trace", "dp", "dual_form", "training_log", "tensorboard", "wandb"} <= set(CALLBACKS.names())
     assert {"run", "list", "pretrain", "forget", "analyze"} <= set(COMMANDS.names())
     assert not hasattr(registry, "CALLBACK_MODULES") and not hasattr(registry, "COMMAND_MODULES")
+
+
+def test_every_sub_command_is_its_own_module_of_clbench_commands():
+    """cli.py is the parser and the dispatch only: each shipped sub-command is registered by its own module of
+    clbench/commands/, and no other shipped module registers one."""
+    from clbench.plugins import scan, shipped_modules
+
+    registering = {}
+    for module, path in shipped_modules():
+        declared, dynamic = scan(path.read_bytes())
+        assert "command" not in dynamic, module
+        if declared.get("command"):
+            registering[module] = set(declared["command"])
+    assert {"run", "list", "leaderboard", "report", "config", "analyze"} <= set().union(*registering.values())
+    for module, names in registering.items():
+        assert module.startswith("clbench.commands.") and len(names) == 1, (module, names)

@@ -9,20 +9,15 @@ For rows ``A`` and ``B`` (strategy labels) on one scenario and a metric ``m`` (e
 Pairing by seed removes what the rows share in a seed (data order, initial state), so the interval is about the
 difference itself. A claim "A beats B" is shown when the interval lies above 0, contradicted when it lies below,
 and not shown otherwise. ``run_bench.py analyze paired --run <results folder> --pairs A:B [C:D ...]`` prints the
-table and writes ``paired.csv`` to ``--out`` (default: the results folder).
+table and writes ``paired.csv`` (:mod:`clbench.commands.analyze`).
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from scipy import stats
-
-from clbench import records as record_files
 
 
 @dataclass(frozen=True)
@@ -99,38 +94,4 @@ def paired(records: list[dict], a: str, b: str, metric: str = "last_acc") -> lis
     return out
 
 
-def paired_report(args: argparse.Namespace) -> int:
-    folder = Path(args.run)
-    found, problems = record_files.load_dir(folder)
-    for problem in problems:
-        print(f"skipped: {problem}")
-    rows = []
-    for pair in args.pairs:
-        a, sep, b = pair.partition(":")
-        if not sep or not a or not b:
-            raise ValueError(f"--pairs takes A:B (two strategy labels), got {pair!r}.")
-        results = paired(found, a, b, args.metric)
-        if not results:
-            print(f"{a} vs {b}: no seeds in common with a finished {args.metric}")
-        rows += results
-    header = ["scenario", "A", "B", "metric", "n_seeds", "mean_A_minus_B", "ci95_half_width", "verdict",
-              "relative_mean", "relative_ci95_half_width", "per_seed"]
-    table = [[p.scenario, p.a, p.b, p.metric, len(p.seeds), _g(p.mean), _g(p.half_width), p.verdict,
-              _g(p.relative_mean), _g(p.relative_half_width), " ".join(f"{d:+.3g}" for d in p.differences)]
-             for p in rows]
-    out = Path(args.out) if args.out else folder
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "paired.csv", "w", newline="") as f:
-        csv.writer(f).writerows([header, *table])
-    print(" | ".join(header))
-    for row in table:
-        print(" | ".join(str(v) for v in row))
-    return 0
-
-
-def _g(x: float) -> str:
-    """Three significant digits: metrics range from accuracies in percent to NDCG@10 near 0.01."""
-    return f"{x:.3g}"
-
-
-__all__ = ["Paired", "paired", "paired_report"]
+__all__ = ["Paired", "paired"]

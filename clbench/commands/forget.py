@@ -24,7 +24,7 @@ import torch
 
 from clbench import records as record_files
 from clbench import tasks
-from clbench.cli import Command
+from clbench.commands import Command
 from clbench.environment import resolve_device
 from clbench.errors import ConfigError
 from clbench.names import check_path_name

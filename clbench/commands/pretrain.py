@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from clbench.callbacks import CallbackSpec
-from clbench.cli import Command
+from clbench.commands import Command
 from clbench.models.checkpoint import save_weights
 from clbench.pretraining import Pretraining, pretrain
 from clbench.registry import COMMANDS

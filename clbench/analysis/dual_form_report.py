@@ -1,9 +1,8 @@
-"""``run_bench.py analyze dual-form --run <out>/runs/<run_id>.json``: the dual-form analysis of a run recorded with the
-``dual_form`` callback (its store is ``<out>/artifacts/<run_id>/dual_form/run/``).
+"""The dual-form report of a run recorded with the ``dual_form`` callback (``run_bench.py analyze dual-form``,
+:mod:`clbench.commands.analyze`, loads the run and calls :func:`write_report`).
 
-Test queries (the first ``--queries`` test samples of every test experience) are passed through the model saved
-after the last experience; the input of each recorded layer is the query of that layer. Written to ``--out``
-(default ``<out>/dual_form/<run_id>/``)::
+Test queries (the first ``queries`` test samples of every test experience) are passed through the model saved
+after the last experience; the input of each recorded layer is the query of that layer. Written to ``out``::
 
     accuracy.csv                 test accuracy on every test experience after every training experience
     interference.csv             per query experience and outcome: mean attention mass Σ_t α_t on every training
@@ -17,7 +16,7 @@ after the last experience; the input of each recorded layer is the query of that
                                  queries) and its share of the later experiences' mass; beside it the class
                                  contributing most to the predicted logit and its share of the positive
                                  class-level contributions
-    top_patterns.csv             the most attended training patterns of example queries (``--examples``)
+    top_patterns.csv             the most attended training patterns of example queries (``examples``)
     attention_over_time.csv      cumulative attention mass of first-experience queries, per layer and training
                                  experience, by step (mean query)
     per_class_attention.png      attention mass (left) and contribution (right) per training class for the example
@@ -31,9 +30,9 @@ Attention and contributions are sums over the kept patterns: with a kept fractio
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -44,15 +43,9 @@ from torch import nn
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from clbench import records as record_files  # noqa: E402
-from clbench.analysis import dual_form  # noqa: E402,F401  (registers the dual_form callback)
-from clbench.analysis.attribution import attention_over_steps, attribute  # noqa: E402
-from clbench.analysis.paired import paired_report  # noqa: E402
+from clbench.analysis.attribution import Attribution, attention_over_steps, attribute  # noqa: E402
 from clbench.analysis.store import PatternStore  # noqa: E402
-from clbench.cli import Command  # noqa: E402
-from clbench.errors import ConfigError
-from clbench.registry import COMMANDS  # noqa: E402
-from clbench.runner import build_scenario  # noqa: E402
+from clbench.errors import ConfigError  # noqa: E402
 from clbench.specs import RunSpec  # noqa: E402
 
 FASHION = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
@@ -60,16 +53,16 @@ FASHION = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shi
 CLASS_NAMES = {("mnist_fmnist", "domain"): (tuple(str(d) for d in range(10)), FASHION)}
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("analysis", choices=sorted(ANALYSES), help="which analysis")
-    p.add_argument("--run", required=True, help="dual-form: a run record (<out>/runs/<run_id>.json) recorded with "
-                                                "dual_form; paired: a results folder")
-    p.add_argument("--out", help="output folder (default <out>/dual_form/<run_id>)")
-    p.add_argument("--queries", type=int, default=1000, help="test samples per test experience used as queries")
-    p.add_argument("--examples", type=int, default=4, help="misclassified first-experience queries to plot")
-    p.add_argument("--top-k", type=int, default=10)
-    p.add_argument("--pairs", nargs="+", default=[], help="paired: rows to compare, A:B (strategy labels)")
-    p.add_argument("--metric", default="last_acc", help="paired: the metric compared")
+@dataclass
+class Attributed:
+    """The queries of every test experience with the attribution of their predicted logit."""
+
+    queries: list[dict]                             # per test experience: inputs, logits, labels, logit_layers
+    results: list[tuple[Attribution, np.ndarray]]   # per test experience: (attribution, predicted labels)
+    names: list[list[str]]                          # per training experience: label -> class name
+    n_exp: int
+    n_lab: int
+    fraction: float                                 # the store's kept fraction f
 
 
 def _names(spec: RunSpec, n_exp: int, n_lab: int) -> list[list[str]]:
@@ -118,46 +111,51 @@ def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
         writer.writerows(rows)
 
 
-def dual_form_report(args: argparse.Namespace) -> int:
-    path = Path(args.run)
-    record = record_files.read(path)
-    run_id = record["run_id"]
-    folder = path.parent.parent / "artifacts" / run_id / "dual_form" / "run"
-    if not (folder / "patterns" / "manifest.json").exists():
-        raise ConfigError(f"{path}: no dual-form store at {folder}/patterns; run it with the dual_form callback.")
-    store = PatternStore(folder / "patterns")
-    spec = RunSpec.from_dict(record["spec"])
-    scenario = build_scenario(spec)
+def write_report(record: dict, spec: RunSpec, scenario, model: nn.Module, store: PatternStore, out: Path,
+                 queries: int, examples: int, top_k: int, source: str) -> dict:
+    """Write the files of the module docstring for the run ``record`` (``spec``, its rebuilt ``scenario``, its
+    ``model`` after the last experience, its pattern ``store``) into ``out``; returns the summary. ``queries`` test
+    samples per experience, ``examples`` misclassified queries plotted, ``top_k`` patterns per query; ``source``
+    names the run in errors."""
     n_exp = len(scenario.train_stream)
-    model = torch.load(folder / "models" / f"after_exp{n_exp - 1}.pt", weights_only=False, map_location="cpu")
-    out = Path(args.out) if args.out else path.parent.parent / "dual_form" / run_id
-    out.mkdir(parents=True, exist_ok=True)
     layers = list(store.layers)
-    queries = _queries(model, layers, scenario, args.queries)
-    logit_layer = queries[0]["logit_layers"][-1] if queries[0]["logit_layers"] else None
+    found = _queries(model, layers, scenario, queries)
+    logit_layer = found[0]["logit_layers"][-1] if found[0]["logit_layers"] else None
     if logit_layer is None:
-        raise ConfigError(f"{path}: none of the recorded layers {layers} produces the model's logits; record the "
+        raise ConfigError(f"{source}: none of the recorded layers {layers} produces the model's logits; record the "
                           f"output layer to attribute predictions.")
     f = store.fraction
-    summary: dict = {"run_id": run_id, "kept_fraction": f, "complete": store.manifest["complete"],
+    summary: dict = {"run_id": record["run_id"], "kept_fraction": f, "complete": store.manifest["complete"],
                      "patterns_per_layer": {n: store.layers[n]["patterns"] for n in layers},
                      "samples_seen": store.manifest["samples_seen"], "logit_layer": logit_layer}
+    summary["accuracy_percent"] = _accuracy(record.get("accuracy_matrix") or [], n_exp, out)
+    results = []
+    for q in found:
+        pred = q["logits"].argmax(1)
+        results.append((attribute(store, logit_layer, q["inputs"][logit_layer], pred, top_k=top_k), pred))
+    n_lab = results[0][0].contribution.shape[2] - 1
+    attributed = Attributed(found, results, _names(spec, n_exp, n_lab), n_exp, n_lab, f)
+    summary["interference"] = _interference(attributed, out)
+    summary["misclassified_first_experience"] = _misclassified(attributed, out)
+    _examples(attributed, examples, logit_layer, out)
+    _attention_over_time(store, layers, found[0], f, n_exp, out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    return summary
 
-    # accuracy after each phase (from the record)
-    matrix = record.get("accuracy_matrix") or []
+
+def _accuracy(matrix: list[list[float]], n_exp: int, out: Path) -> list[list[float]]:
+    """accuracy.csv: the record's accuracy after each phase, in percent."""
     _write_csv(out / "accuracy.csv", ["after_experience", *[f"test_experience_{j}" for j in range(n_exp)]],
                [[i, *[round(100 * v, 2) for v in row]] for i, row in enumerate(matrix)])
-    summary["accuracy_percent"] = [[round(100 * v, 2) for v in row] for row in matrix]
+    return [[round(100 * v, 2) for v in row] for row in matrix]
 
-    # attribution of the predicted logit
-    results = []
-    for q in queries:
-        pred = q["logits"].argmax(1)
-        results.append((attribute(store, logit_layer, q["inputs"][logit_layer], pred, top_k=args.top_k), pred))
-    n_lab = results[0][0].contribution.shape[2] - 1
-    names = _names(spec, n_exp, n_lab)
+
+def _interference(a: Attributed, out: Path) -> list[dict]:
+    """interference.csv and attention_by_class.csv: attention mass and contributions per query experience and
+    outcome, then per true label and training class."""
+    n_exp, n_lab, f = a.n_exp, a.n_lab, a.fraction
     rows, class_rows = [], []
-    for j, ((result, pred), q) in enumerate(zip(results, queries)):
+    for j, ((result, pred), q) in enumerate(zip(a.results, a.queries)):
         own = np.full(len(pred), j)
         share, positive, mass_share = (result.interference(own), result.positive_interference(own),
                                        result.attention_share(own))
@@ -177,7 +175,7 @@ def dual_form_report(args: argparse.Namespace) -> int:
                     continue
                 for e in range(n_exp):
                     for c in range(n_lab):
-                        class_rows.append([j, label, outcome, int(mask.sum()), e, c, names[e][c],
+                        class_rows.append([j, label, outcome, int(mask.sum()), e, c, a.names[e][c],
                                            round(float(result.attention[mask, e, c].mean()), 4),
                                            round(float(result.contribution[mask, e, c].mean()), 6), f])
     _write_csv(out / "interference.csv", ["query_experience", "outcome", "n",
@@ -190,14 +188,18 @@ def dual_form_report(args: argparse.Namespace) -> int:
     _write_csv(out / "attention_by_class.csv", ["query_experience", "true_label", "outcome", "n", "train_experience",
                                                 "train_label", "train_class", "mean_attention", "mean_contribution",
                                                 "kept_fraction"], class_rows)
-    summary["interference"] = [dict(zip(["query_experience", "outcome", "n"], r[:3])) | {
+    return [dict(zip(["query_experience", "outcome", "n"], r[:3])) | {
         "attention_by_experience": r[3:3 + n_exp], "attention_share_other_experiences": r[3 + n_exp],
         "contribution_median_share": r[-4], "contribution_mean_share": r[-3],
         "contribution_mean_positive_share": r[-2]} for r in rows]
 
-    # misclassified queries of the first experience: which classes of later experiences pull them
-    result, pred = results[0]
-    labels = queries[0]["labels"]
+
+def _misclassified(a: Attributed, out: Path) -> list[dict]:
+    """misclassified_attention.csv: which classes of later experiences pull the misclassified queries of the first
+    experience."""
+    n_exp, n_lab, names = a.n_exp, a.n_lab, a.names
+    result, pred = a.results[0]
+    labels = a.queries[0]["labels"]
     wrong = pred != labels
     mis_rows = []
     if n_exp > 1:
@@ -218,53 +220,64 @@ def dual_form_report(args: argparse.Namespace) -> int:
                              round(float(later_att[ea, ca] / later_att.sum()), 4),
                              round(float(later_att.sum() / att.sum()), 4),
                              names[int(e) + 1][int(c)], round(float(later[e, c]), 4),
-                             round(float(later[e, c] / np.maximum(cells, 0).sum()), 4), f])
+                             round(float(later[e, c] / np.maximum(cells, 0).sum()), 4), a.fraction])
     _write_csv(out / "misclassified_attention.csv",
                ["true_label", "n_misclassified", "most_predicted_label", "most_predicted_as_exp1_class",
                 "top_experience", "top_class_label", "top_class_by_attention_mass", "top_class_mean_attention",
                 "top_class_share_of_later_attention", "later_experiences_share_of_attention",
                 "top_class_by_contribution", "top_class_mean_contribution",
                 "top_class_share_of_positive_class_contributions", "kept_fraction"], mis_rows)
-    summary["misclassified_first_experience"] = [dict(zip(
+    return [dict(zip(
         ["true_label", "n", "predicted", "predicted_as", "pulled_by_experience", "pulled_by_label",
          "pulled_by_class_attention_mass", "attention_mass", "share_of_later_attention",
          "later_share_of_attention", "pulled_by_class_contribution", "contribution", "share_of_positive_contribution"],
         r[:13])) for r in mis_rows]
 
-    # examples: top patterns and per-class contributions
-    examples = np.flatnonzero(wrong)[: args.examples]
+
+def _examples(a: Attributed, count: int, logit_layer: str, out: Path) -> None:
+    """top_patterns.csv and per_class_attention.png for the first ``count`` misclassified first-experience
+    queries."""
+    n_exp, n_lab, names, f = a.n_exp, a.n_lab, a.names, a.fraction
+    result, pred = a.results[0]
+    labels = a.queries[0]["labels"]
+    examples = np.flatnonzero(pred != labels)[:count]
     top_rows = [[int(q), rank, round(float(result.top_alpha[q, rank]), 4), *[int(v) for v in result.top_meta[q, rank]]]
                 for q in examples for rank in range(result.top_alpha.shape[1])]
     _write_csv(out / "top_patterns.csv", ["query", "rank", "alpha", "step", "experience", "sample", "label", "token"],
                top_rows)
-    if len(examples):
-        fig, axes = plt.subplots(len(examples), 2, figsize=(16, 2.4 * len(examples)), squeeze=False)
-        ticks = [f"{names[e][c]}" for e in range(n_exp) for c in range(n_lab)]
-        colors = [f"C{e}" for e in range(n_exp) for _ in range(n_lab)]
-        for row, q in zip(axes, examples):
-            for ax, kind, ylabel in ((row[0], "attention", "attention mass Σ α"),
-                                     (row[1], "contribution", "contribution to the logit")):
-                values = getattr(result, kind)[q, :, :n_lab].reshape(-1)
-                ax.bar(range(len(values)), values, color=colors)
-                ax.set_xticks(range(len(values)), ticks, rotation=60, fontsize=7)
-                ax.axhline(0, color="k", lw=0.5)
-                ax.set_ylabel(ylabel, fontsize=8)
-            row[0].set_title(f"test experience 0, query {q}: true {names[0][labels[q]]}, predicted label {pred[q]} "
-                             f"(= {names[0][pred[q]]} / {names[1][pred[q]] if n_exp > 1 else ''}); colour = "
-                             f"training experience", fontsize=8)
-        fig.suptitle(f"Attention mass of each training class's patterns (left) and their contribution to the "
-                     f"predicted logit (right) ({logit_layer}; kept fraction {f:g})", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / "per_class_attention.png", dpi=110)
-        plt.close(fig)
+    if not len(examples):
+        return
+    fig, axes = plt.subplots(len(examples), 2, figsize=(16, 2.4 * len(examples)), squeeze=False)
+    ticks = [f"{names[e][c]}" for e in range(n_exp) for c in range(n_lab)]
+    colors = [f"C{e}" for e in range(n_exp) for _ in range(n_lab)]
+    for row, q in zip(axes, examples):
+        for ax, kind, ylabel in ((row[0], "attention", "attention mass Σ α"),
+                                 (row[1], "contribution", "contribution to the logit")):
+            values = getattr(result, kind)[q, :, :n_lab].reshape(-1)
+            ax.bar(range(len(values)), values, color=colors)
+            ax.set_xticks(range(len(values)), ticks, rotation=60, fontsize=7)
+            ax.axhline(0, color="k", lw=0.5)
+            ax.set_ylabel(ylabel, fontsize=8)
+        row[0].set_title(f"test experience 0, query {q}: true {names[0][labels[q]]}, predicted label {pred[q]} "
+                         f"(= {names[0][pred[q]]} / {names[1][pred[q]] if n_exp > 1 else ''}); colour = "
+                         f"training experience", fontsize=8)
+    fig.suptitle(f"Attention mass of each training class's patterns (left) and their contribution to the "
+                 f"predicted logit (right) ({logit_layer}; kept fraction {f:g})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "per_class_attention.png", dpi=110)
+    plt.close(fig)
 
-    # attention mass of first-experience queries over training time, every layer
+
+def _attention_over_time(store: PatternStore, layers: list[str], first: dict, f: float, n_exp: int,
+                         out: Path) -> None:
+    """attention_over_time.csv/.png: the cumulative attention mass of the first experience's queries over training
+    time, every layer."""
     steps = store.steps()
     boundaries = np.flatnonzero(np.diff(steps["experience"])) + 1
     time_rows = []
     fig, axes = plt.subplots(1, len(layers), figsize=(4.2 * len(layers), 3.4), squeeze=False)
     for ax, name in zip(axes[0], layers):
-        mass = np.cumsum(attention_over_steps(store, name, queries[0]["inputs"][name]), axis=0)
+        mass = np.cumsum(attention_over_steps(store, name, first["inputs"][name]), axis=0)
         for e in range(mass.shape[1]):
             ax.plot(steps["step"], mass[:, e], label=f"patterns of experience {e}", color=f"C{e}")
         for b in boundaries:
@@ -276,7 +289,7 @@ def dual_form_report(args: argparse.Namespace) -> int:
         time_rows += [[name, int(s), *np.round(mass[s], 4), f] for s in range(0, len(steps), stride)]
         time_rows.append([name, len(steps) - 1, *np.round(mass[-1], 4), f])
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"Attention mass of {len(queries[0]['labels'])} test queries of experience 0 on the training "
+    fig.suptitle(f"Attention mass of {len(first['labels'])} test queries of experience 0 on the training "
                  f"patterns, by experience (kept fraction {f:g})", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "attention_over_time.png", dpi=110)
@@ -284,19 +297,6 @@ def dual_form_report(args: argparse.Namespace) -> int:
     _write_csv(out / "attention_over_time.csv", ["layer", "step", *[f"cumulative_attention_exp{e}"
                                                                     for e in range(n_exp)], "kept_fraction"],
                time_rows)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
-    print(json.dumps(summary, indent=1, default=float))
-    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")
-    return 0
 
 
-ANALYSES = {"dual-form": dual_form_report, "paired": paired_report}
-
-
-def analyze(args: argparse.Namespace) -> int:
-    return ANALYSES[args.analysis](args)
-
-
-COMMANDS.register("analyze")(Command("analyses of recorded runs (dual-form: attention over training patterns; "
-                                     "paired: paired differences between suite rows over seeds)",
-                                     _add_arguments, analyze))
+__all__ = ["CLASS_NAMES", "write_report"]

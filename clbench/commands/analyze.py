@@ -1,0 +1,116 @@
+"""``run_bench.py analyze ANALYSIS --run ...``: analyses of recorded runs.
+
+::
+
+    # the dual-form analysis of a run recorded with the dual_form callback (clbench.analysis.dual_form_report)
+    python run_bench.py analyze dual-form --run results/<suite>/runs/<run_id>.json [--out DIR] [--queries 1000]
+    # paired differences between suite rows over their common seeds (clbench.analysis.paired)
+    python run_bench.py analyze paired --run results/<suite> --pairs A:B [C:D ...] [--metric last_acc]
+
+``dual-form`` reads the run's store (``<out>/artifacts/<run_id>/dual_form/run/``), rebuilds its scenario, loads the
+model saved after the last experience and writes its files to ``--out`` (default ``<out>/dual_form/<run_id>/``).
+``paired`` prints the table and writes ``paired.csv`` to ``--out`` (default: the results folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from clbench import records as record_files
+from clbench.commands import Command
+from clbench.errors import ConfigError
+from clbench.registry import COMMANDS
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("analysis", choices=sorted(ANALYSES), help="which analysis")
+    p.add_argument("--run", required=True, help="dual-form: a run record (<out>/runs/<run_id>.json) recorded with "
+                                                "dual_form; paired: a results folder")
+    p.add_argument("--out", help="output folder (default <out>/dual_form/<run_id>)")
+    p.add_argument("--queries", type=int, default=1000, help="test samples per test experience used as queries")
+    p.add_argument("--examples", type=int, default=4, help="misclassified first-experience queries to plot")
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--pairs", nargs="+", default=[], help="paired: rows to compare, A:B (strategy labels)")
+    p.add_argument("--metric", default="last_acc", help="paired: the metric compared")
+
+
+def dual_form(args: argparse.Namespace) -> int:
+    """Load the run, its pattern store, its scenario and its last model; write the report."""
+    import torch
+
+    from clbench.analysis.dual_form_report import write_report
+    from clbench.analysis.store import PatternStore
+    from clbench.runner import build_scenario
+    from clbench.specs import RunSpec
+
+    path = Path(args.run)
+    record = record_files.read(path)
+    run_id = record["run_id"]
+    folder = path.parent.parent / "artifacts" / run_id / "dual_form" / "run"
+    if not (folder / "patterns" / "manifest.json").exists():
+        raise ConfigError(f"{path}: no dual-form store at {folder}/patterns; run it with the dual_form callback.")
+    store = PatternStore(folder / "patterns")
+    spec = RunSpec.from_dict(record["spec"])
+    scenario = build_scenario(spec)
+    model = torch.load(folder / "models" / f"after_exp{len(scenario.train_stream) - 1}.pt", weights_only=False,
+                       map_location="cpu")
+    out = Path(args.out) if args.out else path.parent.parent / "dual_form" / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    summary = write_report(record, spec, scenario, model, store, out, args.queries, args.examples, args.top_k,
+                           source=str(path))
+    print(json.dumps(summary, indent=1, default=float))
+    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")
+    return 0
+
+
+def paired(args: argparse.Namespace) -> int:
+    """The paired differences of every ``--pairs A:B`` on every scenario, printed and written to paired.csv."""
+    from clbench.analysis.paired import paired as paired_rows
+
+    pairs = [pair.partition(":") for pair in args.pairs]
+    for pair, (a, sep, b) in zip(args.pairs, pairs):
+        if not sep or not a or not b:
+            raise ConfigError(f"--pairs takes A:B (two strategy labels), got {pair!r}.")
+    folder = Path(args.run)
+    found, problems = record_files.load_dir(folder)
+    for problem in problems:
+        print(f"skipped: {problem}")
+    rows = []
+    for a, _, b in pairs:
+        results = paired_rows(found, a, b, args.metric)
+        if not results:
+            print(f"{a} vs {b}: no seeds in common with a finished {args.metric}")
+        rows += results
+    header = ["scenario", "A", "B", "metric", "n_seeds", "mean_A_minus_B", "ci95_half_width", "verdict",
+              "relative_mean", "relative_ci95_half_width", "per_seed"]
+    table = [[p.scenario, p.a, p.b, p.metric, len(p.seeds), _g(p.mean), _g(p.half_width), p.verdict,
+              _g(p.relative_mean), _g(p.relative_half_width), " ".join(f"{d:+.3g}" for d in p.differences)]
+             for p in rows]
+    out = Path(args.out) if args.out else folder
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "paired.csv", "w", newline="") as f:
+        csv.writer(f).writerows([header, *table])
+    print(" | ".join(header))
+    for row in table:
+        print(" | ".join(str(v) for v in row))
+    return 0
+
+
+def _g(x: float) -> str:
+    """Three significant digits: metrics range from accuracies in percent to NDCG@10 near 0.01."""
+    return f"{x:.3g}"
+
+
+ANALYSES = {"dual-form": dual_form, "paired": paired}
+
+
+def run(args: argparse.Namespace) -> int:
+    return ANALYSES[args.analysis](args)
+
+
+COMMANDS.register("analyze")(Command("analyses of recorded runs (dual-form: attention over training patterns; "
+                                     "paired: paired differences between suite rows over seeds)",
+                                     _add_arguments, run))

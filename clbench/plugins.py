@@ -1,0 +1,400 @@
+"""Plugin discovery: which modules register names into the plugin registries of :mod:`clbench.registry`, what
+each one declares before it is imported, importing them, and why one could not be imported.
+
+Where the modules come from (:func:`sources`), nothing to edit by hand:
+
+- shipped: every module of ``clbench`` (sub-packages included, and the mapped ``clbench.strategies`` /
+  ``clbench.scenarios``) whose code calls ``<REGISTRY>.register(...)``;
+- installed packages: the modules named by the entry points of group :data:`ENTRY_POINT_GROUP`
+  (``[project.entry-points."clbench.plugins"] my_methods = "my_package.strategies"``);
+- ``--plugins MODULE_OR_FILE``, a suite's ``plugins:`` and :func:`load_plugin`: imported at once; they are passed on
+  to worker processes through ``$CLBENCH_PLUGINS`` (:data:`ENV`, also settable by hand).
+
+Modules are imported lazily. Which module registers which name is known without importing it: for shipped
+modules from the committed index ``plugin_index.json`` (:func:`build_index`, ``make lists``; an entry counts only
+while its file's sha256 matches), otherwise from the module's syntax tree (:func:`scan`: literal
+``X.register("name")`` calls; a module that registers a computed name is imported when the full list of names is
+needed). ``get(name)`` imports the one module that declares ``name``; ``clbench --help`` and ``clbench list``
+import none of the shipped ones.
+
+A plugin module that fails to import (a missing optional dependency, a class that breaks the contract) is skipped
+whole — whatever it registered before failing is taken back — and its cause is kept in :data:`UNAVAILABLE`:
+``clbench list`` shows it and asking for a name it declares raises ``UnavailableError`` (:func:`failure` is its
+message, which starts with that cause). A module named by ``--plugins`` or a suite that fails raises
+:class:`PluginError` at once.
+
+This module knows the registries only as the objects that :func:`track` was given (each plugin registry of
+:mod:`clbench.registry` tracks itself when it is made): the registry module imports this one, never the reverse.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "clbench.plugins"
+ENV = "CLBENCH_PLUGINS"
+SHIPPED_PACKAGES = ("clbench", "clbench.strategies", "clbench.scenarios")
+INDEX_FILE = Path(__file__).with_name("plugin_index.json")
+VARIABLES = {"STRATEGIES": "strategy", "SCENARIOS": "scenario", "MODELS": "model", "CALLBACKS": "callback",
+             "COMMANDS": "command"}
+"""The plugin registries by the variable a module registers through (``STRATEGIES.register("x")``) -> their kind;
+:func:`scan` recognizes a registration by this name, also when imported under another one."""
+KINDS = tuple(VARIABLES.values())
+UNSUMMARIZED = frozenset({"strategy"})      # a strategy's summary names its presets: known only after importing it
+
+
+class PluginError(ImportError):
+    """A plugin named by ``--plugins``, a suite's ``plugins:``, ``$CLBENCH_PLUGINS`` or :func:`load_plugin` could
+    not be loaded: ``plugin 'NAME' failed to load: <cause>`` (one line)."""
+
+
+UNAVAILABLE: dict[str, str] = {}              # plugin module -> why it could not be imported (one line)
+FAILED_NAMES: dict[str, set[tuple[str, str]]] = {}   # plugin module -> (kind, name) it declares or was registering
+_tracked: list[Any] = []                      # the plugin registries (clbench.registry.Registry, discovered=True)
+_registering: tuple[str, str] | None = None   # the registration under way (named when its check fails)
+
+
+def track(registry: Any) -> None:
+    """Count ``registry`` among the plugin registries: a failed import takes back what it registered there, and
+    :func:`build_index` reads its entries. It has ``kind``, ``_entries`` (``{name: factory}``), ``origins``
+    (``{name: module}``) and ``describe_entry(factory) -> str``."""
+    if registry.kind not in KINDS:
+        raise ValueError(f"a plugin registry's kind is one of {', '.join(KINDS)}, got {registry.kind!r}")
+    _tracked.append(registry)
+
+
+@contextmanager
+def registering(kind: str, name: str) -> Iterator[None]:
+    """Mark the registration of ``name`` under way: when its check raises during a plugin's import, the module's
+    failure names it (a computed name is not known from the module's code)."""
+    global _registering
+    _registering = (kind, name)
+    yield
+    _registering = None
+
+
+# --------------------------------------------------------------------------------------------------------- loading
+def import_plugin(module: str, path: Path | None = None) -> bool:
+    """Import one plugin module (from ``path`` when given: a file, imported as ``module``); on failure take back
+    every entry it (or a module it imported that failed with it) registered, record the cause in
+    :data:`UNAVAILABLE` and the names it declares in :data:`FAILED_NAMES`, and return False. Entries of modules it
+    imported successfully stay: those modules are loaded and will not be imported again."""
+    global _registering
+    before = {id(r): set(r._entries) for r in _tracked}
+    _registering = None
+    try:
+        if path is None:
+            importlib.import_module(module)
+        else:
+            _import_file(module, path)
+        return True
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the module unavailable, never the registry
+        for registry in _tracked:           # registries made during the import had nothing before it
+            for name in set(registry._entries) - before.get(id(registry), set()):
+                if not _defined_in_loaded_module(registry._entries[name], module):
+                    del registry._entries[name]
+                    registry.origins.pop(name, None)
+        UNAVAILABLE[module] = " ".join(f"{type(exc).__name__}: {exc}".split())
+        declared = next((s.declared for s in _sources or () if s.module == module), None)
+        path = path or _module_file(module)
+        if declared is None and path is not None:
+            declared = scan(path.read_bytes())[0]
+        FAILED_NAMES[module] = {(kind, name) for kind, names in (declared or {}).items() for name in names} | \
+            ({_registering} if _registering else set())
+        _registering = None
+        log.info("plugin module %s is unavailable: %s", module, UNAVAILABLE[module])
+        return False
+
+
+def _module_file(module: str) -> Path | None:
+    try:
+        origin = getattr(importlib.util.find_spec(module), "origin", None)
+    except (ImportError, ValueError):
+        return None
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def _import_file(module: str, path: Path) -> None:
+    """Import the file ``path`` as module ``module`` (kept in ``sys.modules``, so its ``__file__`` is found by the
+    code fingerprint)."""
+    spec = importlib.util.spec_from_file_location(module, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python file")
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[module] = loaded
+    try:
+        spec.loader.exec_module(loaded)
+    except BaseException:
+        del sys.modules[module]
+        raise
+
+
+def _defined_in_loaded_module(entry: object, failed: str) -> bool:
+    """True for a class or function defined by a module other than ``failed`` that imported successfully."""
+    home = getattr(entry, "__module__", None) if isinstance(entry, (type, types.FunctionType)) else None
+    return home is not None and home != failed and home in sys.modules
+
+
+_loaded_specs: dict[str, str] = {}     # --plugins / suite / $CLBENCH_PLUGINS spec (resolved) -> module
+
+
+def load_plugin(spec: str, base: Path | None = None) -> str:
+    """Import a plugin now: a module name (``my_package.strategies``) or a ``.py`` file (relative to ``base``,
+    default the working directory; imported as the module named by its stem). Raises :class:`PluginError` naming
+    the plugin with its cause; returns the module name. The plugin is added to ``$CLBENCH_PLUGINS`` so that worker
+    processes load it too."""
+    is_file = spec.endswith(".py") or os.sep in spec or "/" in spec
+    if is_file:
+        path = Path(spec).expanduser()
+        path = ((base or Path.cwd()) / path if not path.is_absolute() else path).resolve()
+        key, module = str(path), path.stem
+        if not path.is_file():
+            raise PluginError(f"plugin {spec!r} failed to load: no such file {path}.")
+        known = getattr(sys.modules.get(module), "__file__", None)
+        if known and Path(known).resolve() != path:
+            raise PluginError(f"plugin {spec!r} failed to load: a module named {module!r} is already imported from "
+                              f"{known}; rename the file.")
+    else:
+        path, key, module = None, spec, spec
+    if key in _loaded_specs:
+        return module
+    if not (module in sys.modules or import_plugin(module, path)):
+        raise PluginError(f"plugin {spec!r} failed to load: {UNAVAILABLE[module]}")
+    _loaded_specs[key] = module
+    listed = [s for s in os.environ.get(ENV, "").split(os.pathsep) if s]
+    if key not in listed:
+        os.environ[ENV] = os.pathsep.join([*listed, key])
+    return module
+
+
+def load_plugins() -> None:
+    """Import every plugin module now (shipped, installed and named), so that every registry is complete; failures:
+    see :func:`import_plugin`."""
+    for source in sources():
+        if not source.imported:
+            source.load()
+
+
+def load_declaring(kind: str, name: str) -> None:
+    """Import the modules not imported yet that declare ``name`` of ``kind``."""
+    for source in sources():
+        if name in source.declared.get(kind, {}) and not source.imported:
+            source.load()
+
+
+def load_dynamic(kind: str) -> None:
+    """Import the modules that register ``kind`` names not known without importing them."""
+    for source in sources():
+        if kind in source.dynamic and not source.imported:
+            source.load()
+
+
+def failure(kind: str, name: str) -> str | None:
+    """Why ``name`` of ``kind`` is missing when the module that declares it failed to load (None otherwise): the
+    module's cause first."""
+    for module, names in FAILED_NAMES.items():
+        if (kind, name) in names:
+            return (f"{UNAVAILABLE[module]} ({kind} {name!r} is registered by plugin module {module}, which could "
+                    f"not be loaded).")
+    return None
+
+
+def declared(kind: str) -> dict[str, Source]:
+    """``{name: source}`` of the ``kind`` names declared by modules not imported yet."""
+    return {name: s for s in sources() if not s.imported for name in s.declared.get(kind, {})}
+
+
+def module_declaring(kind: str, name: str) -> str:
+    """The module that declares ``name`` of ``kind`` ('?' when none does)."""
+    return next((s.module for s in sources() if name in s.declared.get(kind, {})), "?")
+
+
+# ------------------------------------------------------------------------------------------------------- discovery
+@dataclass
+class Source:
+    """A module that registers plugins: its import name, its file (None: not found without importing), where it
+    comes from, the names it declares (``{kind: {name: summary}}``; summaries from the index, else '') and the kinds
+    it registers under names known only after importing it."""
+
+    module: str
+    path: Path | None
+    origin: str
+    declared: dict[str, dict[str, str]] = field(default_factory=dict)
+    dynamic: set[str] = field(default_factory=set)
+
+    @property
+    def imported(self) -> bool:
+        return self.module in sys.modules or self.module in UNAVAILABLE
+
+    def load(self) -> bool:
+        loaded = import_plugin(self.module)
+        if not loaded and self.origin != "shipped":
+            UNAVAILABLE[self.module] += f" (from the {self.origin})"
+        return loaded
+
+
+_sources: list[Source] | None = None
+
+
+def sources() -> list[Source]:
+    """Every plugin module known to this process (found once; ``$CLBENCH_PLUGINS`` plugins are imported here)."""
+    global _sources
+    if _sources is None:
+        _sources = []
+        index = _read_index()
+        for module, path in shipped_modules():
+            source = _shipped_source(module, path, index)
+            if source is not None:
+                _sources.append(source)
+        _sources += _entry_point_sources()
+        for spec in [s for s in os.environ.get(ENV, "").split(os.pathsep) if s]:
+            load_plugin(spec)
+    return _sources
+
+
+def shipped_modules() -> list[tuple[str, Path]]:
+    """``(module, file)`` of every module of :data:`SHIPPED_PACKAGES` and their sub-packages (found by walking
+    their folders, without importing them; ``__main__`` and ``_private`` modules left out)."""
+    found: dict[str, Path] = {}
+    for package in SHIPPED_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            _walk(package, Path(folder), found)
+    return sorted(found.items())
+
+
+def _walk(package: str, folder: Path, found: dict[str, Path]) -> None:
+    for path in sorted(folder.iterdir()):
+        if path.is_dir() and (path / "__init__.py").is_file():
+            _walk(f"{package}.{path.name}", path, found)
+        elif path.suffix == ".py" and not path.stem.startswith("_"):
+            found.setdefault(f"{package}.{path.stem}", path)
+        elif path.name == "__init__.py":
+            found.setdefault(package, path)
+
+
+def _shipped_source(module: str, path: Path, index: dict) -> Source | None:
+    data = path.read_bytes()
+    if b"register(" not in data:
+        return None
+    known = index.get(module)
+    if known is not None and known["sha256"] == hashlib.sha256(data).hexdigest():
+        declared, dynamic = known["entries"], set()
+    else:
+        declared, dynamic = scan(data)
+    return Source(module, path, "shipped", declared, dynamic) if declared or dynamic else None
+
+
+def _entry_point_sources() -> list[Source]:
+    from importlib.metadata import entry_points
+
+    found = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "?"
+        try:
+            spec = importlib.util.find_spec(ep.module)
+        except Exception as exc:  # noqa: BLE001 - a broken package is reported, never fatal
+            UNAVAILABLE[ep.module] = f"{type(exc).__name__}: {exc} (entry point {ep.name!r} of {dist})"
+            FAILED_NAMES[ep.module] = set()
+            continue
+        origin = getattr(spec, "origin", None)
+        path = Path(origin) if origin and origin.endswith(".py") else None
+        declared, dynamic = scan(path.read_bytes()) if path else ({}, set(KINDS))
+        found.append(Source(ep.module, path, f"entry point {ep.name!r} of {dist}", declared, dynamic))
+    return found
+
+
+def scan(source: bytes) -> tuple[dict[str, dict[str, str]], set[str]]:
+    """The plugin registrations in a module's code, without running it: ``({kind: {name: summary}}, kinds)`` where
+    ``kinds`` are registered with a computed name (``STRATEGIES.register(method + suffix)``). Registries are
+    recognized by their variable name (:data:`VARIABLES`), also when imported under another name. A summary is the
+    decorated definition's first docstring line or a command's help string ('' for strategies, whose summary names
+    their presets, and where none is written: ``clbench list`` then imports the module)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}, set(KINDS)       # importing it reports the error
+    names = {variable: variable for variable in VARIABLES}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.update({alias.asname: alias.name for alias in node.names
+                          if alias.name in VARIABLES and alias.asname})
+    summaries = {}          # register call -> one line readable without importing (not for strategies: presets)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            summaries.update({id(d): (ast.get_docstring(node) or "").split("\n")[0] for d in node.decorator_list})
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Call) and node.args and \
+                isinstance(node.args[0], ast.Call) and node.args[0].args and \
+                isinstance(node.args[0].args[0], ast.Constant) and isinstance(node.args[0].args[0].value, str):
+            summaries[id(node.func)] = node.args[0].args[0].value      # COMMANDS.register("x")(Command("help", ..))
+    declared: dict[str, dict[str, str]] = {}
+    dynamic: set[str] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register"):
+            continue
+        receiver = node.func.value
+        variable = names.get(receiver.id if isinstance(receiver, ast.Name) else
+                             receiver.attr if isinstance(receiver, ast.Attribute) else "")
+        if variable is None:
+            continue
+        kind = VARIABLES[variable]
+        if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            summary = summaries.get(id(node), "") if kind not in UNSUMMARIZED else ""
+            declared.setdefault(kind, {})[node.args[0].value] = summary
+        else:
+            dynamic.add(kind)
+    return declared, dynamic
+
+
+# ----------------------------------------------------------------------------------------------------------- index
+def _read_index() -> dict:
+    try:
+        return json.loads(INDEX_FILE.read_text())["modules"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def build_index() -> dict:
+    """The index of the shipped plugin modules: ``{"modules": {module: {"sha256", "entries": {kind: {name:
+    summary}}}}}``, made by importing every one of them (:func:`write_index` saves it as :data:`INDEX_FILE`)."""
+    modules = {}
+    for module, path in shipped_modules():
+        data = path.read_bytes()
+        if b"register(" not in data:
+            continue
+        declared, dynamic = scan(data)
+        if (declared or dynamic) and not import_plugin(module):
+            raise PluginError(f"plugin {module!r} failed to load: {UNAVAILABLE[module]}")
+        modules[module] = {"sha256": hashlib.sha256(data).hexdigest(), "entries": {}}
+    for registry in _tracked:
+        for name, origin in sorted(registry.origins.items()):
+            if origin in modules:
+                modules[origin]["entries"].setdefault(registry.kind, {})[name] = registry.describe_entry(
+                    registry._entries[name])
+    return {"modules": modules}
+
+
+def write_index(path: Path = INDEX_FILE) -> None:
+    """Write :func:`build_index` to ``path`` (``make lists``)."""
+    path.write_text(json.dumps(build_index(), indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+__all__ = ["ENTRY_POINT_GROUP", "ENV", "FAILED_NAMES", "INDEX_FILE", "KINDS", "UNAVAILABLE", "VARIABLES",
+           "PluginError", "Source", "build_index", "declared", "failure", "import_plugin", "load_declaring",
+           "load_dynamic", "load_plugin", "load_plugins", "module_declaring", "registering", "scan",
+           "shipped_modules", "sources", "track", "write_index"]
