@@ -27,6 +27,9 @@ last item is the test item, everything before it trains.
   0 where a position is not a target of this experience), for ``b = last, last - L, ...`` while it covers a target.
   Every target is in exactly one window. With ``windows="last"`` only the first of them (the latest ``L``
   targets) is kept: SASRec's truncation, one training sample per user and period.
+- Every training experience also carries ``interactions`` ``(N, 2)``: the ``(user, item)`` rows of period ``k``
+  that are not held out, each user's in time order (:func:`training_interactions`; the popularity floors count
+  them: the targets leave out each user's first item, and ``windows="last"`` the items before the last window).
 - Test experience ``k``: one sample per user with an evaluation position in period ``k``:
   ``x = s_u[e-L .. e-1]`` (left-padded) and ``y = s_u[e] - 1``: the evaluator's column ``c`` is item ``c + 1``
   (a strategy's ``predict`` returns ``(B, 1682)`` scores of items ``1..1682``).
@@ -135,6 +138,19 @@ def split_user(seq: UserSequence, period: int, holdout: str) -> tuple[np.ndarray
     return targets[targets >= 1], (e if e is not None and e >= 1 else None)
 
 
+def training_interactions(sequences: list[UserSequence], period: int, holdout: str) -> np.ndarray:
+    """``(N, 2)`` ``(user, item)`` rows, each user's in time order (``user`` = its index in ``sequences``): the
+    interactions of ``period`` that are not held out, i.e. everything before the evaluation position (and, with
+    ``holdout="valid"``, the last item, neither target nor evaluated, left out too). Unlike the training targets it
+    includes each user's first item; it is what a count of "training interactions" (popularity floors) counts."""
+    dropped = 1 if holdout == "test" else 2
+    parts = []
+    for user, seq in enumerate(sequences):
+        positions = np.flatnonzero(seq.periods == period)[:-dropped]
+        parts.append(np.column_stack([np.full(len(positions), user, dtype=np.int64), seq.items[positions]]))
+    return np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
+
+
 def period_samples(sequences: list[UserSequence], period: int, max_len: int, holdout: str,
                    windows: str = "all") -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """Training windows ``(x (M, L), y (M, L))`` and test samples ``(x (U, L), y (U,))`` of one period;
@@ -193,10 +209,11 @@ def sequences_scenario(rows: np.ndarray, n_experiences: int, max_len: int, holdo
             raise ValueError(f"period {k} of {n_experiences} has {len(ty)} training windows and {len(vy)} test "
                              f"users; use fewer n_experiences.")
         train.append(SimpleNamespace(dataset=Sequences(torch.from_numpy(tx), torch.from_numpy(ty), k),
-                                     current_experience=k))
+                                     current_experience=k,
+                                     interactions=torch.from_numpy(training_interactions(sequences, k, holdout))))
         test.append(SimpleNamespace(dataset=Sequences(torch.from_numpy(vx), torch.from_numpy(vy), k),
                                     current_experience=k))
     info = ScenarioInfo(name=name, n_experiences=n_experiences, input_shape=(max_len,),
                         extra={"n_items": n_items, "max_len": max_len, "padding": 0, "holdout": holdout,
-                               "windows": windows})
+                               "windows": windows, "training_interactions": True})
     return Scenario(info, train, test, RankingEvaluator(n_items, k=10))

@@ -43,7 +43,7 @@ def _tiny(name: str, preset: str) -> dict:
 
 NEXT_ITEM_ROWS = np.array([(u, (u + t) % 8 + 1, 1, 100 * t + u) for u in range(6) for t in range(8)])
 SCENARIO_FOR = {name: lambda: sequences_scenario(NEXT_ITEM_ROWS, 2, max_len=4, n_items=8)
-                for name in ("seqrec", "most_popular")}
+                for name in ("seqrec", "most_popular", "recent_popular")}
 """Strategies that need a next-item scenario (items as columns) instead of the synthetic classification one."""
 
 
