@@ -181,10 +181,29 @@ def test_tied_embedding_cross_term_is_needed(monkeypatch):
     assert not torch.allclose(per_sample_grad_norms(model, ce, ids, targets), ref, rtol=1e-3)
 
 
-def test_position_ids_without_batch_dimension_are_refused_with_a_hint():
+def test_position_ids_without_batch_dimension_broadcast_over_the_batch():
+    """nanoGPT's positions: the Embedding called on ``arange(T)`` (no sample dimension), its ``(T, d)`` output
+    added to every sample's tokens; each sample's share of the table's gradient is its own."""
     model, (ids, targets) = TinySeqRec(), tied_data(4)
-    with pytest.raises(UnsupportedLayerError, match=r"expand position ids to \(B, T\)"):
-        per_sample_grad_norms(_NoExpand(model), ce, ids, targets)
+    check(_NoExpand(model), ids, targets)
+
+
+def test_an_output_without_batch_dimension_used_otherwise_is_refused():
+    """The same positions also used once more, not broadcast over the batch: its gradient cannot be split by sample."""
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = TinySeqRec()
+
+        def forward(self, ids):
+            m = self.model
+            table = m.positions(torch.arange(ids.shape[1]))
+            h = m.items(ids) + table
+            return m.output(h + m.mlp(m.norm(h)) + table.mean(0).tanh())
+
+    with pytest.raises(UnsupportedLayerError, match="computed without the sample dimension, is used other than by "
+                                                    "adding it to activations of every sample"):
+        per_sample_grad_norms(Twice(), ce, *tied_data(4))
 
 
 class _NoExpand(nn.Module):
@@ -257,11 +276,32 @@ def test_unsupported_layer_with_parameters_raises_naming_it(layer):
         per_sample_grad_norms(model, ce, torch.randn(4, 6, generator=g), torch.tensor([0, 1, 2, 0]))
 
 
-def test_parameter_shared_by_two_linear_layers_is_refused():
+def test_parameter_shared_by_two_linear_layers_is_clipped_as_one():
+    """Two nn.Linear sharing one weight: both uses' Gram cross term (clbench.privacy.tied)."""
     model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.Linear(6, 3))
     model[2].weight = model[0].weight
-    with pytest.raises(UnsupportedLayerError, match=r"shared by 0.weight \(Linear\), 2.weight \(Linear\)"):
+    g = torch.Generator().manual_seed(5)
+    check(model, torch.randn(4, 6, generator=g), torch.tensor([0, 1, 2, 0]))
+
+
+def test_parameter_shared_by_a_linear_and_a_layer_norm_is_refused():
+    model = nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 3))
+    model[1].bias = model[0].bias
+    with pytest.raises(UnsupportedLayerError, match=r"shared by 0.bias \(Linear\), 1.bias \(LayerNorm\)"):
         per_sample_grad_norms(model, ce, torch.randn(4, 6), torch.tensor([0, 1, 2, 0]))
+
+
+def test_a_weight_used_outside_its_layer_in_f_linear_is_followed():
+    class Bypass(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return F.linear(x, self.lin.weight)          # bypasses the module's forward
+
+    g = torch.Generator().manual_seed(6)
+    check(Bypass(), torch.randn(4, 6, generator=g), torch.tensor([0, 1, 2, 0]))
 
 
 def test_gradient_unseen_by_hooks_is_refused():
@@ -271,7 +311,7 @@ def test_gradient_unseen_by_hooks_is_refused():
             self.lin = nn.Linear(6, 3)
 
         def forward(self, x):
-            return F.linear(x, self.lin.weight)          # bypasses the module's forward
+            return x @ self.lin.weight.T.contiguous()      # a copy of the weight: no layer and no product sees it
 
     with pytest.raises(UnsupportedLayerError, match="no hook saw"):
         per_sample_grad_norms(Sneaky(), ce, torch.randn(4, 6), torch.tensor([0, 1, 2, 0]))

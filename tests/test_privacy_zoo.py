@@ -157,15 +157,16 @@ class _Scaled(nn.Module):
 
 
 @pytest.mark.parametrize("use, why", [
-    (lambda x, p: x * p, "not a shape change, an addition or a concatenation"),
-    (lambda x, p: x + 2 * p, "not a shape change, an addition or a concatenation"),
+    (lambda x, p: x / p, "not a shape change, an addition, a product or a concatenation"),
+    (lambda x, p: x + 2 * p, "multiplied by another parameter or a constant"),
+    (lambda x, p: x * (p * p), "multiplied by another parameter or a constant"),
     (lambda x, p: torch.add(x, p, alpha=2.0), "combined with another parameter or scaled"),
     (lambda x, p: torch.cat([p.expand(1, T, -1), x[1:]], 0), "concatenated along the sample dimension"),
     (lambda x, p: torch.cat([p.expand(len(x), -1, -1).clone(), x], 1), "without being copied per sample"),
-], ids=["product", "scaled_first", "alpha", "cat_on_samples", "cat_not_expanded"])
+], ids=["quotient", "scaled_first", "squared", "alpha", "cat_on_samples", "cat_not_expanded"])
 def test_bare_parameter_used_otherwise_is_refused_naming_it(use, why):
-    """A bare parameter that does not simply enter the activations additively or by concatenation: one line naming
-    the module type and where it is, its parameters, the parameter and why (a rule is needed)."""
+    """A bare parameter that does not simply enter the activations additively, as a factor or by concatenation: one
+    line naming the module type and where it is, its parameters, the parameter and why (a rule is needed)."""
     x = torch.randn(4, T, D, generator=torch.Generator().manual_seed(8))
     with pytest.raises(UnsupportedLayerError, match=f"no rule for _Scaled at '<root>', which owns trainable parameters "
                                                     f"\\['scale'\\]; its parameter 'scale' .*({why})"):

@@ -4,10 +4,12 @@ them (positional tables, class and register tokens), for any module type without
 While the tape is installed, the owner's forward runs under a ``TorchFunctionMode`` that follows each of its own
 trained parameters ``P`` through shape operations (indexing, ``view``/``reshape``, ``expand``, ``repeat`` over the
 sample dimension, ``split``, ``to``, ...): ``Q = f(P)`` with ``f`` linear. Where ``Q`` meets an activation ``X``
-whose first dimension is the sample — ``Y = X + Q`` (broadcast) or ``Y = cat([..., Q, X, ...], d)`` with ``d > 0`` —
-the gradient ``G = ∂L/∂Y`` gives sample ``i``'s gradient::
+whose first dimension is the sample — ``Y = X + Q`` (broadcast), ``Y = X ⊙ Q`` (a per-feature scale, e.g. layer
+scale ``h * gamma``) or ``Y = cat([..., Q, X, ...], d)`` with ``d > 0`` — the gradient ``G = ∂L/∂Y`` gives sample
+``i``'s gradient::
 
     c_i = Σ_{broadcast dims} G_i|_Q          (G restricted to Q's positions; summed where Q has size 1)
+    c_i = Σ_{broadcast dims} (G_i ⊙ X_i)     (the product)
     ∇P_i = f*(c_i)                           (f's adjoint, torch.func.vjp; the identity when Q is P)
 
 summed over the places ``P`` is used. ``Q = P.expand(B, ...)`` (a class token per sample) is followed back to ``P``.
@@ -49,6 +51,7 @@ SHAPE_OPS = {Tensor.__getitem__, Tensor.view, Tensor.reshape, Tensor.unsqueeze, 
 EXPAND_OPS = {Tensor.expand, Tensor.expand_as, Tensor.repeat, torch.broadcast_to}
 """Operations that may copy a parameter over the sample dimension (followed back when they do)."""
 ADD_OPS = {Tensor.__add__, Tensor.__radd__, Tensor.__iadd__, Tensor.add, Tensor.add_, torch.add}
+MUL_OPS = {Tensor.__mul__, Tensor.__rmul__, Tensor.__imul__, Tensor.mul, Tensor.mul_, torch.mul}
 CAT_OPS = {torch.cat, torch.concat, torch.concatenate}
 
 
@@ -66,13 +69,15 @@ class Derived:
 @dataclass
 class Use:
     """Where a followed tensor meets the activations: ``Q``'s origin, and the slice ``(dim, start, length)`` of the
-    result that holds it (concatenation; None: all of it, addition)."""
+    result that holds it (concatenation; None: all of it, addition or product); ``scaled``: ``Q`` multiplies the
+    activations (saved in the call), which then multiply the gradient."""
 
     origin: Derived
     narrow: tuple[int, int, int] | None
+    scaled: bool = False
 
 
-def _compose(parent: Recipe | None, step: Callable[[Tensor], Tensor]) -> Recipe:
+def compose(parent: Recipe | None, step: Callable[[Tensor], Tensor]) -> Recipe:
     return step if parent is None else (lambda p: step(parent(p)))
 
 
@@ -104,15 +109,16 @@ class _Follow(TorchFunctionMode):
         return UnsupportedLayerError(
             f"per-sample gradient norms: no rule for {type(self.owner).__qualname__} at "
             f"{self.record.where or '<root>'!r}, which owns trainable parameters {self.names}; its parameter "
-            f"{origin.name!r} {why} ({name}), and only bare parameters added to or concatenated with the activations "
-            f"are followed; freeze them or add a rule with clbench.privacy.register_rule.")
+            f"{origin.name!r} {why} ({name}), and only bare parameters added to, multiplied with or concatenated "
+            f"with the activations are followed; freeze them or add a rule with clbench.privacy.register_rule.")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self.refusal is None:
             try:
-                self._follow(func, args, kwargs, out)
+                with torch._C.DisableTorchFunction():      # looking at tensors must not dispatch to other modes
+                    self._follow(func, args, kwargs, out)
             except UnsupportedLayerError as exc:          # raised when the forward ends: a TypeError raised inside
                 self.refusal = exc                        # an operator would be turned into NotImplemented
         return out
@@ -124,13 +130,15 @@ class _Follow(TorchFunctionMode):
         origin = hits[0][1]
         if func in ADD_OPS:
             self._add(func, args, kwargs, out, hits)
+        elif func in MUL_OPS:
+            self._mul(func, args, kwargs, out, hits)
         elif func in CAT_OPS:
             self._cat(func, args, kwargs, out)
         elif len(hits) == 1 and hits[0][0] == 0 and (func in SHAPE_OPS or func in EXPAND_OPS):
             self._shaped(func, args, kwargs, out, origin)
         else:
             raise self._refuse(origin, func, "enters the forward through an operation that is not a shape change, "
-                                             "an addition or a concatenation")
+                                             "an addition, a product or a concatenation")
 
     def _shaped(self, func, args, kwargs, out, origin: Derived) -> None:
         rest = args[1:]
@@ -139,7 +147,7 @@ class _Follow(TorchFunctionMode):
             def step(p, k=k):
                 value = func(p, *rest, **kwargs)
                 return value[k] if isinstance(out, (list, tuple)) else value
-            derived = Derived(origin.name, _compose(origin.recipe, step), tuple(t.shape))
+            derived = Derived(origin.name, compose(origin.recipe, step), tuple(t.shape))
             parent = origin.shape
             if (func in EXPAND_OPS and t.dim() >= 1 and t.shape[0] > 1 and t.dim() >= len(parent)
                     and (len(parent) < t.dim() or parent[0] == 1)):
@@ -147,13 +155,14 @@ class _Follow(TorchFunctionMode):
             self.followed[id(t)] = (t, derived)
 
     def _use(self, origin: Derived, operand_shape: tuple[int, ...], out: Tensor, func: Any,
-             narrow: tuple[int, int, int] | None) -> None:
+             narrow: tuple[int, int, int] | None, factor: Tensor | None = None) -> None:
         source = origin.base or origin
         shape = source.shape
         if len(shape) > out.dim() or (len(shape) == out.dim() and shape[0] != 1):
             raise self._refuse(origin, func, f"of shape {operand_shape} meets the activations of shape "
                                              f"{tuple(out.shape)} at their first (sample) dimension")
-        self.record(Call((), out, role=Use(source, narrow)))
+        saved = () if factor is None else (factor.detach().expand_as(out),)
+        self.record(Call(saved, out, role=Use(source, narrow, factor is not None)))
 
     def _add(self, func, args, kwargs, out, hits) -> None:
         items = _items(args, kwargs)
@@ -162,6 +171,15 @@ class _Follow(TorchFunctionMode):
                                                  "activations")
         index, origin = hits[0]
         self._use(origin, tuple(items[index].shape), out, func, None)
+
+    def _mul(self, func, args, kwargs, out, hits) -> None:
+        items = _items(args, kwargs)
+        if len(hits) != 1 or len(items) != 2 or not isinstance(out, Tensor) or not isinstance(items[1 - hits[0][0]],
+                                                                                               Tensor):
+            raise self._refuse(hits[0][1], func, "is multiplied by another parameter or a constant before it meets "
+                                                 "the activations")
+        index, origin = hits[0]
+        self._use(origin, tuple(items[index].shape), out, func, None, factor=items[1 - index])
 
     def _cat(self, func, args, kwargs, out) -> None:
         tensors = args[0] if args else kwargs["tensors"]
@@ -211,7 +229,7 @@ def _install(module: nn.Module, record: Recorder, rule: Rule) -> list:
     return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
 
 
-def _pullback(recipe: Recipe | None, p: Tensor, c: Tensor) -> Tensor:
+def pullback(recipe: Recipe | None, p: Tensor, c: Tensor) -> Tensor:
     """``f*(c_i)`` for every sample: ``(B, *Q.shape) -> (B, *P.shape)``."""
     if recipe is None:
         return c.reshape(len(c), *p.shape)
@@ -219,18 +237,24 @@ def _pullback(recipe: Recipe | None, p: Tensor, c: Tensor) -> Tensor:
     return torch.func.vmap(lambda ci: vjp(ci)[0])(c)
 
 
+def at_positions(g: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """``(B, *Y.shape[1:]) -> (B, *shape)``: a gradient of ``Y = X + Q`` (``Q`` of ``shape`` broadcast over the
+    sample and any other dimension where it has size 1 or none) summed over the broadcast dimensions."""
+    padded = (1,) * (g.dim() - len(shape)) + shape
+    dims = [d for d in range(1, g.dim()) if padded[d] == 1 and g.shape[d] != 1]
+    return (g.sum(dims, keepdim=True) if dims else g).reshape(len(g), *shape)
+
+
 def _operands(module: nn.Module, calls: list[Call]) -> tuple[LinearParts, DirectParts]:
     params = own(module)
     grads: DirectParts = {}
     for c in calls:
         use: Use = c.role
-        g = c.grad if use.narrow is None else c.grad.narrow(*use.narrow)
-        shape = use.origin.shape
-        padded = (1,) * (g.dim() - len(shape)) + shape
-        dims = [d for d in range(1, g.dim()) if padded[d] == 1 and g.shape[d] != 1]
-        per_sample = (g.sum(dims, keepdim=True) if dims else g).reshape(len(g), *shape)
+        g = c.grad * c.saved[0] if use.scaled else c.grad
+        g = g if use.narrow is None else g.narrow(*use.narrow)
+        per_sample = at_positions(g, use.origin.shape)
         name = use.origin.name
-        value = _pullback(use.origin.recipe, params[name], per_sample)
+        value = pullback(use.origin.recipe, params[name], per_sample)
         grads[name] = grads[name] + value if name in grads else value
     return {}, grads
 
@@ -238,4 +262,4 @@ def _operands(module: nn.Module, calls: list[Call]) -> tuple[LinearParts, Direct
 BARE_PARAMETERS = parts_rule(lambda *args: None, _operands, hook=_install)
 """The rule of a module type without one of its own (:class:`~clbench.privacy.tape.Tape` falls back to it)."""
 
-__all__ = ["BARE_PARAMETERS"]
+__all__ = ["ADD_OPS", "BARE_PARAMETERS", "EXPAND_OPS", "MUL_OPS", "SHAPE_OPS", "at_positions", "compose", "pullback"]

@@ -22,7 +22,7 @@ several times in one forward (weight sharing) contributes ``Σ_calls G_cᵀ A_c`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,8 @@ from timm.layers import LayerScale
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
+
+from clbench.privacy.packing import ROWS
 
 GRAM_CHUNK = 64          # samples per chunk when per-sample layer gradients are formed (the non-Gram branch)
 
@@ -47,30 +49,42 @@ class Call:
     """One forward call of a hooked module: what the rule saved (``saved``, detached), the tensor whose gradient
     is needed (``out``; dropped once its gradient hook is set) and, after the backward, that gradient (``grad``,
     same shape as ``out``). ``role`` names which use of the module's parameters the call records, for a rule that
-    records several per forward (attention's projections)."""
+    records several per forward (attention's projections). ``index``: the sample of each row when the call was made
+on packed rows (:func:`clbench.privacy.packing.rows_of`; dimension 0 of ``out`` is then rows, not samples), and
+    ``batch`` the batch size those rows belong to (set by the tape before the rule's operands are formed)."""
 
     saved: tuple[Tensor, ...]
     out: Tensor | None
     grad: Tensor | None = None
     role: Any = None
+    index: Tensor | None = None
+    batch: int | None = None
 
 
 class Recorder:
     """What a rule's hook calls with each :class:`Call` of one module (named ``where`` in its model, for messages):
     keeps the gradient of ``call.out`` when the backward reaches it, then hands the call to ``store``.
-    ``sample_second``: the module's tensors are ``(T, B, ...)`` and reach the rule as ``(B, T, ...)`` views."""
+    ``sample_second``: the module's tensors are ``(T, B, ...)`` and reach the rule as ``(B, T, ...)`` views;
+    ``follow(call, out)`` is shown each call's output before it is dropped (:class:`~clbench.privacy.uses.Watch`)."""
 
-    def __init__(self, store: Callable[[Call], None], where: str, sample_second: bool) -> None:
-        self.store, self.where, self.sample_second = store, where, sample_second
+    def __init__(self, store: Callable[[Call], None], where: str, sample_second: bool,
+                 follow: Callable[[Call, Any], None] | None = None) -> None:
+        self.store, self.where, self.sample_second, self.follow = store, where, sample_second, follow
 
     def __call__(self, call: Call) -> None:
         sample_second = self.sample_second
+        call.index = ROWS.get()
+        if call.index is not None and sample_second:
+            raise UnsupportedLayerError(f"the layer at {self.where!r} works on sample-second tensors and was called "
+                                        f"on packed rows (rows_of): call it outside rows_of, or batch first.")
 
         def keep(grad: Tensor) -> None:
             call.grad = grad.transpose(0, 1) if sample_second else grad
         if sample_second:
             call.saved = tuple(s.transpose(0, 1) for s in call.saved)
         call.out.register_hook(keep)
+        if self.follow is not None and not sample_second:
+            self.follow(call, call.out)
         call.out = None                       # the gradient is what is needed; holding the output would keep it alive
         self.store(call)
 
@@ -84,7 +98,9 @@ class Rule:
     ``sq_norms(module, ops) -> (B,)`` ``Σ_params ‖∇θ_i‖²``; ``weighted(module, ops, w) -> {name: Σ_i w_i ∇θ_i}``.
     ``hook(module, record, rule) -> handles`` installs the capture (default: a forward hook on the module).
     ``subtree``: the rule covers the parameters of the module's descendants too (named as ``named_parameters``
-    names them, e.g. ``mlp.0.weight``); the tape then hooks none of them separately."""
+    names them, e.g. ``mlp.0.weight``); the tape then hooks none of them separately. ``packed``: its operands
+    accept calls on packed rows (``Call.index``, :mod:`clbench.privacy.packing`); the tape refuses such calls to a
+    rule without it."""
 
     capture: Callable[[nn.Module, tuple, Any], Call | None]
     operands: Callable[[nn.Module, list[Call]], Any]
@@ -92,6 +108,7 @@ class Rule:
     weighted: Callable[[nn.Module, Any, Tensor], dict[str, Tensor]]
     hook: Callable[[nn.Module, Recorder, Rule], list[RemovableHandle]] | None = None
     subtree: bool = False
+    packed: bool = False
 
     def install(self, module: nn.Module, record: Recorder) -> list[RemovableHandle]:
         return (self.hook or forward_hook)(module, record, self)
@@ -162,6 +179,66 @@ def matmul_weighted(a: Tensor, g: Tensor, w: Tensor) -> Tensor:
     return (g * w[:, None, None]).flatten(0, 1).t() @ a.flatten(0, 1)
 
 
+@dataclass
+class Rows:
+    """A linear layer's operands over rows of several samples (packed rows, :mod:`clbench.privacy.packing`):
+    inputs ``a: (N, d)``, output gradients ``g: (N, p)``, the sample of each row ``index: (N,)``, batch size
+    ``batch``; sample ``i``'s weight gradient is ``Σ_{r: index_r = i} g_r a_rᵀ``."""
+
+    a: Tensor
+    g: Tensor
+    index: Tensor
+    batch: int
+
+    def groups(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """``(samples (k,), a (k, n, d), g (k, n, p))`` for each group of the ``k`` samples that have exactly ``n``
+        rows (``n ≥ 1``), each sample's rows in their order: sample ``i``'s rows with no padding."""
+        order = torch.argsort(self.index, stable=True)
+        index = self.index[order]
+        counts = torch.bincount(index, minlength=self.batch)
+        per_row = counts[index]
+        for n in torch.unique(per_row).tolist():
+            keep = per_row == n
+            rows = order[keep]
+            yield index[keep][::n], self.a[rows].view(-1, n, self.a.shape[-1]), self.g[rows].view(-1, n,
+                                                                                                 self.g.shape[-1])
+
+    def summed(self) -> Tensor:
+        """``Σ_{r of i} g_r: (B, p)``."""
+        return self.g.new_zeros(self.batch, self.g.shape[-1]).index_add_(0, self.index, self.g)
+
+
+def rows(parts: list[tuple[Tensor, Tensor, Tensor | None]], batch: int) -> Rows:
+    """:class:`Rows` from calls' ``(A, G, index)``: a packed call's ``A: (N, ..., d)`` rows as they are, a batched
+    call's ``(B, T, d)`` as ``B·T`` rows of samples ``0..B-1``."""
+    a, g, index = [], [], []
+    for ai, gi, ii in parts:
+        if ii is None:
+            ai, gi = as_sequence(ai), as_sequence(gi)
+            ii = torch.arange(batch, device=gi.device).repeat_interleave(gi.shape[1])
+        else:
+            per_row = gi[0].numel() // gi.shape[-1] if len(gi) else 1
+            ii = ii.repeat_interleave(per_row)
+        a.append(ai.reshape(-1, ai.shape[-1]))
+        g.append(gi.reshape(-1, gi.shape[-1]))
+        index.append(ii)
+    return Rows(torch.cat(a), torch.cat(g), torch.cat(index), batch)
+
+
+def rows_sq_norms(r: Rows) -> Tensor:
+    """``‖Σ_{r of i} g_r a_rᵀ‖²: (B,)``, group by group of samples with equal row counts
+    (:func:`matmul_sq_norms`: the Gram within each sample's rows, or its per-sample matrices)."""
+    out = r.g.new_zeros(r.batch)
+    for samples, a, g in r.groups():
+        out[samples] = matmul_sq_norms(a, g)
+    return out
+
+
+def rows_weighted(r: Rows, w: Tensor) -> Tensor:
+    """``Σ_i w_i ∇W_i = Σ_r w_{s(r)} g_r a_rᵀ: (p, d)``, one GEMM over the rows."""
+    return (r.g * w[r.index, None]).t() @ r.a
+
+
 def summed(g: Tensor) -> Tensor:
     """``Σ_t G_{i,t}: (B, p)`` (gradient of a bias or of any parameter added at every position)."""
     return g.sum(1)
@@ -201,22 +278,36 @@ def _affine_capture(module: nn.Module, args: tuple, output: Any) -> Call | None:
 
 def affine_rule(operands: Operands = sequences, capture: Callable = _affine_capture) -> Rule:
     """A rule for ``y = W a + b`` with ``W: (p, ...)``; ``operands(module, calls) -> (A: (B, T, d), G: (B, T, p))``
-    (default: the saved inputs and the output gradients of the calls, joined along ``T``)."""
-    def sq_norms(module: nn.Module, ops: tuple[Tensor, Tensor]) -> Tensor:
-        a, g = ops
+    (default: the saved inputs and the output gradients of the calls, joined along ``T``; calls on packed rows:
+    :class:`Rows`, and the rule accepts them)."""
+    def sq_norms(module: nn.Module, ops: tuple[Tensor, Tensor] | Rows) -> Tensor:
         params = own(module)
+        if isinstance(ops, Rows):
+            total = rows_sq_norms(ops) if "weight" in params else ops.g.new_zeros(ops.batch)
+            return total + sq(ops.summed()) if "bias" in params else total
+        a, g = ops
         total = matmul_sq_norms(a, g) if "weight" in params else g.new_zeros(len(g))
         return total + sq(summed(g)) if "bias" in params else total
 
-    def weighted(module: nn.Module, ops: tuple[Tensor, Tensor], w: Tensor) -> dict[str, Tensor]:
-        a, g = ops
+    def weighted(module: nn.Module, ops: tuple[Tensor, Tensor] | Rows, w: Tensor) -> dict[str, Tensor]:
         params = own(module)
-        out = {"weight": matmul_weighted(a, g, w).view_as(params["weight"])} if "weight" in params else {}
+        packed = isinstance(ops, Rows)
+        if "weight" in params:
+            value = rows_weighted(ops, w) if packed else matmul_weighted(*ops, w)
+            out = {"weight": value.view_as(params["weight"])}
+        else:
+            out = {}
         if "bias" in params:
-            out["bias"] = weighted_sum(summed(g), w)
+            out["bias"] = weighted_sum(ops.summed() if packed else summed(ops[1]), w)
         return out
 
-    return Rule(capture, operands, sq_norms, weighted)
+    def joined(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor] | Rows:
+        if any(c.index is not None for c in calls):
+            return rows([(c.saved[0], c.grad, c.index) for c in calls], calls[0].batch)
+        return operands(module, calls)
+
+    return Rule(capture, joined if operands is sequences else operands, sq_norms, weighted,
+                packed=operands is sequences)
 
 
 def vector_rule(capture: Callable, grads: Callable[[nn.Module, list[Call]], dict[str, Tensor]],
@@ -403,7 +494,7 @@ position): ``∇cls_i = G_{i,0}``, ``∇pos_i = G_i``, with ``G`` the gradient o
 
 
 __all__ = ["LAYER_NORM", "LAYER_SCALE", "LINEAR", "RULES", "SEQUENCE_FIRST", "Call", "DirectParts", "LinearParts",
-           "Recorder", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads",
+           "Recorder", "Rows", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads",
            "embedding_sq_norms", "embedding_weighted", "matmul_sq_norms", "matmul_weighted", "normalized", "parts_rule",
-           "parts_sq_norms", "parts_weighted", "register_rule", "scale_rule", "stack_rows", "trained_parts",
-           "vector_rule"]
+           "parts_sq_norms", "parts_weighted", "register_rule", "rows", "rows_sq_norms", "rows_weighted", "scale_rule",
+           "stack_rows", "trained_parts", "vector_rule"]

@@ -1,44 +1,134 @@
-"""Weight tying (one ``nn.Parameter`` used by an ``nn.Embedding`` as input lookup and by an ``nn.Linear`` as output
-projection, PyTorch's idiom ``output.weight = item_emb.weight``): phantom clipping (Ding et al., ICML 2024, Sec. 4).
+"""One parameter with several uses, clipped as ONE parameter: weight tying (an ``nn.Embedding``'s weight used by an
+``nn.Linear`` as output projection, PyTorch's ``output.weight = item_emb.weight``; phantom clipping, Ding et al.,
+ICML 2024, Sec. 4) and a layer's weight also used bare in a matrix product outside the layer (GPT-2/BERT heads
+``h @ wte.weight.T`` / ``F.linear(h, wte.weight)``, ``z @ fc.weight``; recorded by :mod:`clbench.privacy.uses`).
 
-Sample ``i``'s gradient of the shared ``E: (V, d)`` is the sum of both uses::
+Each use ``u`` of ``P: (r, c)`` gives sample ``i`` a gradient in one of two forms::
 
-    ∇E_i = Σ_t e_{id_t} g_tᵀ   +   G_iᵀ H_i                  g_t = ∂L_i/∂x_t ∈ R^d,  G_i = ∂L_i/∂S_i ∈ R^{T_o×V}
-    ‖∇E_i‖² = Σ_{t,t'} 1[id_t = id_t'] ⟨g_t, g_t'⟩           (input side: the Embedding rule)
-            + Σ_{s,s'} ⟨h_s, h_s'⟩ ⟨G_s, G_s'⟩               (output side: the Linear rule, Gram form)
-            + 2 Σ_{t,s} G_{s, id_t} ⟨h_s, g_t⟩                (the cross term between the two uses: here)
+    Product   ∇P_i^u = L_iᵀ R_i          L_i: (T, r), R_i: (T, c)    (nn.Linear: L = G, R = A; y = x P: L = x, R = G)
+    Lookup    ∇P_i^u = Σ_t e_{id_t} g_tᵀ                              (nn.Embedding: ids and output gradients g)
 
-so the tied matrix is clipped as ONE parameter, without untying it and without forming ``∇E_i: (V, d)``; the book-kept
-weighted sum is the sum of both rules' sums. :class:`~clbench.privacy.tape.Tape` finds ties by parameter identity.
+and ``‖Σ_u ∇P_i^u‖² = Σ_u ‖∇P_i^u‖² + 2 Σ_{u<v} ⟨∇P_i^u, ∇P_i^v⟩``, where each layer's rule gives its own term and
+the cross terms are formed here without forming ``∇P_i``::
+
+    ⟨Lookup, Product⟩ = Σ_{t,s} L_i[s, id_t] ⟨R_{i,s}, g_{i,t}⟩        (the tied input/output embedding's cross term)
+    ⟨Lookup, Lookup'⟩ = Σ_{t,t'} 1[id_t = id'_t'] ⟨g_t, g'_t'⟩
+    ⟨Product, Product'⟩ = Σ_{s,t} ⟨L_s, L'_t⟩ ⟨R_s, R'_t⟩               (Gram form; per-sample matrices when larger)
+
+A Product may come from packed rows (:mod:`clbench.privacy.packing`: rows with a sample index). The book-kept
+weighted sum of the parameter is the sum of its uses' sums. :class:`~clbench.privacy.tape.Tape` finds the uses by
+parameter identity; a parameter shared by layers other than ``nn.Linear`` / ``nn.Embedding`` weights is refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
-from clbench.privacy.rules import UnsupportedLayerError
+from clbench.privacy.rules import (
+    GRAM_CHUNK,
+    Rows,
+    UnsupportedLayerError,
+    matmul_sq_norms,
+    matmul_weighted,
+    rows_sq_norms,
+    rows_weighted,
+)
 
 
-def tie(owners: list[tuple[nn.Module, str, str]]) -> tuple[nn.Embedding, nn.Linear]:
-    """The ``(embedding, linear)`` pair sharing one parameter, from its owners ``[(module, qualified name,
-    parameter name)]``; any other sharing is refused with a message naming the modules."""
-    kinds = {type(m): (m, n) for m, _, n in owners}
-    if (len(owners) == 2 and set(kinds) == {nn.Embedding, nn.Linear}
-            and all(n == "weight" for _, _, n in owners)):
-        return kinds[nn.Embedding][0], kinds[nn.Linear][0]
-    names = ", ".join(f"{q}.{n} ({type(m).__name__})" for m, q, n in owners)
-    raise UnsupportedLayerError(f"one parameter is shared by {names}: per-sample norms support sharing between an "
-                                f"nn.Embedding's and an nn.Linear's weight (tied input/output embeddings) only.")
+@dataclass
+class Product:
+    """``∇P_i = L_iᵀ R_i``: ``left: (B, T, r)``, ``right: (B, T, c)``, or packed rows ``left: (N, r)``,
+    ``right: (N, c)`` of samples ``index: (N,)``."""
+
+    left: Tensor
+    right: Tensor
+    index: Tensor | None = None
+    batch: int = 0
+
+    def rows(self) -> Rows:
+        return Rows(self.right, self.left, self.index, self.batch)
+
+    def sq_norms(self) -> Tensor:
+        return rows_sq_norms(self.rows()) if self.index is not None else matmul_sq_norms(self.right, self.left)
+
+    def weighted(self, w: Tensor) -> Tensor:
+        return rows_weighted(self.rows(), w) if self.index is not None else matmul_weighted(self.right, self.left, w)
 
 
-def cross_sq_norms(lookups: tuple[Tensor, Tensor], projections: tuple[Tensor, Tensor]) -> Tensor:
-    """``2 ⟨Σ_t e_{id_t} g_tᵀ, G_iᵀ H_i⟩ = 2 Σ_{s,t} G_i[s, id_t] ⟨h_s, g_t⟩`` per sample -> ``(B,)``, from the
-    Embedding rule's operands ``ids: (B, T)``, ``g: (B, T, d)`` and the Linear rule's ``H: (B, S, d)``,
-    ``G: (B, S, V)``."""
-    (ids, g_in), (h, g_out) = lookups, projections
-    picked = torch.gather(g_out, 2, ids.unsqueeze(1).expand(-1, g_out.shape[1], -1))     # (B, S, T)
-    return 2 * (picked * torch.bmm(h, g_in.transpose(1, 2))).sum((1, 2))
+@dataclass
+class Lookup:
+    """``∇P_i = Σ_t e_{id_t} g_tᵀ``: ``ids: (B, T)``, ``g: (B, T, c)`` (zero at padding positions)."""
+
+    ids: Tensor
+    g: Tensor
 
 
-__all__ = ["cross_sq_norms", "tie"]
+Form = Product | Lookup
+
+
+def _linear_form(module: nn.Module, ops) -> dict[str, Form]:
+    if isinstance(ops, Rows):
+        return {"weight": Product(ops.g, ops.a, ops.index, ops.batch)}
+    a, g = ops
+    return {"weight": Product(g, a)}
+
+
+FORMS: dict[type, Callable[[nn.Module, object], dict[str, Form]]] = {
+    nn.Linear: _linear_form,
+    nn.Embedding: lambda module, ops: {"weight": Lookup(*ops)},
+}
+"""Layer type -> ``forms(module, rule operands) -> {parameter name: Form}``: the layers whose parameter may have
+other uses."""
+
+
+def forms(owners: list[tuple[nn.Module, str, str]]) -> None:
+    """Refuse a parameter shared by owners ``[(module, qualified name, parameter name)]`` whose forms are unknown."""
+    if not all(type(m) in FORMS and n == "weight" for m, _, n in owners):
+        names = ", ".join(f"{q}.{n} ({type(m).__name__})" for m, q, n in owners)
+        raise UnsupportedLayerError(f"one parameter is shared by {names}: per-sample norms support sharing between "
+                                    f"nn.Embedding and nn.Linear weights (tied embeddings) only.")
+
+
+def _lookup_product(u: Lookup, v: Product) -> Tensor:
+    if v.index is None:
+        picked = torch.gather(v.left, 2, u.ids.unsqueeze(1).expand(-1, v.left.shape[1], -1))       # (B, S, T)
+        return (picked * torch.bmm(v.right, u.g.transpose(1, 2))).sum((1, 2))
+    picked = torch.gather(v.left, 1, u.ids[v.index])                                               # (N, T)
+    inner = torch.bmm(v.right.unsqueeze(1), u.g[v.index].transpose(1, 2)).squeeze(1)               # (N, T)
+    return v.left.new_zeros(v.batch).index_add_(0, v.index, (picked * inner).sum(1))
+
+
+def _lookup_lookup(u: Lookup, v: Lookup) -> Tensor:
+    same = (u.ids.unsqueeze(2) == v.ids.unsqueeze(1)).to(u.g.dtype)
+    return (same * torch.bmm(u.g, v.g.transpose(1, 2))).sum((1, 2))
+
+
+def _product_product(u: Product, v: Product) -> Tensor:
+    if u.index is not None or v.index is not None:
+        raise UnsupportedLayerError("a parameter used in two matrix products, one of them on packed rows: "
+                                    "per-sample norms support packed rows of a parameter's only product use.")
+    tu, tv, r, c = u.left.shape[1], v.left.shape[1], u.left.shape[2], u.right.shape[2]
+    if tu * tv * (r + c) < (tu + tv) * r * c:
+        return (torch.bmm(u.left, v.left.transpose(1, 2)) * torch.bmm(u.right, v.right.transpose(1, 2))).sum((1, 2))
+    return torch.cat([(torch.bmm(lu.transpose(1, 2), ru) * torch.bmm(lv.transpose(1, 2), rv)).sum((1, 2))
+                      for lu, ru, lv, rv in zip(*(t.split(GRAM_CHUNK) for t in (u.left, u.right, v.left, v.right)))])
+
+
+def cross(u: Form, v: Form) -> Tensor:
+    """``⟨∇P_i^u, ∇P_i^v⟩: (B,)`` of two uses of one parameter."""
+    if isinstance(u, Lookup):
+        return _lookup_lookup(u, v) if isinstance(v, Lookup) else _lookup_product(u, v)
+    return _lookup_product(v, u) if isinstance(v, Lookup) else _product_product(u, v)
+
+
+def cross_sq_norms(uses: list[Form]) -> Tensor | None:
+    """``2 Σ_{u<v} ⟨∇P_i^u, ∇P_i^v⟩: (B,)`` (None for a single use)."""
+    terms = [cross(u, v) for k, u in enumerate(uses) for v in uses[k + 1:]]
+    return 2 * sum(terms[1:], terms[0]) if terms else None
+
+
+__all__ = ["FORMS", "Form", "Lookup", "Product", "cross", "cross_sq_norms", "forms"]
