@@ -88,8 +88,9 @@ class MostPopular(PopularityFloor):
 
 @STRATEGIES.register("recent_popular")
 class RecentPopular(PopularityFloor):
-    """``counts[i]`` = number of users with item ``i`` among their ``n_recent`` latest training interactions, over
-    every experience seen (a user's latest items in a later period replace earlier ones)."""
+    """``counts[i]`` = number of users whose ``n_recent`` latest training interactions include item ``i``.
+
+    Over every experience seen: a user's latest items in a later period replace earlier ones."""
 
     Config = RecentPopularConfig
     PRESETS = {"cpu": {}, "full": {}}
