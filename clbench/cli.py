@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def _configure_process(args: argparse.Namespace) -> None:
     """Progress bars and data roots from the common flags. A module not imported yet holds its defaults, which the
     flags left as they are keep: it is not imported for them (tqdm and numpy would double `list`'s start time)."""
+    if args.quiet:      # third-party console output too: W&B's ~20 lines per run (inherited by worker processes)
+        os.environ["WANDB_SILENT"] = "true"
     if args.quiet or "clbench.progress" in sys.modules:
         from clbench import progress
 
