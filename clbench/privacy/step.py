@@ -144,6 +144,8 @@ class PrivateTraining(Callback):
         self.noise: torch.Generator | None = None
         self.releases: list[tuple[float, float, int]] = []
         self.shared_calls = 0                   # > 0: the run's calls all use the same samples (share_samples)
+        self.unchecked = False                  # the first step of a call checks the rules explain the gradient
+        self.reference: dict[nn.Parameter, Tensor] | None = None
 
     # ------------------------------------------------------------------------------------------------ set-up
     def setup(self, context: CallbackContext) -> None:
@@ -209,6 +211,7 @@ class PrivateTraining(Callback):
         if self.tape is not None:
             self.tape.close()
         self.tape = Tape(*self.context.modules().values())
+        self.tape.keep_outputs = self.unchecked = True
 
     def _set_error_priors(self) -> None:
         """Re-Attention's prior (:mod:`clbench.privacy.reattention`): every module among the strategy's modules that
@@ -231,14 +234,31 @@ class PrivateTraining(Callback):
         self.batch = len(y)
         self.tape.reset()
 
+    def after_forward(self, loss: Tensor) -> None:
+        """At a call's first step: autograd's gradient of the loss's batch part, for the invariant (:meth:`check`)."""
+        if self.unchecked and self.tape is not None and loss.requires_grad:
+            self.reference = self.tape.batch_gradient(loss)
+
     def after_backward(self, model: nn.Module) -> None:
         self.privatize([p for p in model.parameters() if p.requires_grad and p.grad is not None])
+
+    def check(self, params: list[nn.Parameter]) -> None:
+        """The first-step invariant: the rules' batch sum ``Σ_i ∇θ_i`` (of the backpropagated batch-mean loss:
+        ``∇θ_i = ∇L_i / B``) must equal autograd's gradient for every parameter
+        (:meth:`~clbench.privacy.tape.Tape.explain`), else the run stops before the step with one line naming the
+        parameter and its unaccounted use. Autograd's side is the loss's part that flows through the models'
+        outputs (:meth:`~clbench.privacy.tape.Tape.batch_gradient`), or ``.grad`` when no model forward was seen."""
+        reference = self.reference if self.reference is not None else {p: p.grad for p in params}
+        self.tape.explain(reference, reference[next(iter(reference))].new_ones(self.batch))
+        self.unchecked, self.reference = False, None
 
     def privatize(self, params: list[nn.Parameter]) -> Tensor:
         """Replace each ``p.grad`` (the mean-loss gradient of this batch) by the private gradient; returns the
         per-sample gradient norms ``‖g_i‖``."""
         call, tape, batch = self.call, self.tape, self.batch
         tape.check_explained(params, batch)
+        if self.unchecked:
+            self.check(params)
         norms = batch * tape.sq_norms(batch).clamp_min(0).sqrt()
         expected = call.sample_rate * call.n
         factors = CLIPPING[self.config.clipping](norms, self.config.clip, self.config.gamma)

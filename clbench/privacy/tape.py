@@ -300,15 +300,33 @@ class Tape:
             out[p] = out[p] + value if p in out else value
         return out
 
+    def batch_gradient(self, loss: Tensor) -> dict[nn.Parameter, Tensor] | None:
+        """Autograd's gradient, for every hooked parameter, of the part of ``loss`` that flows through the outputs
+        of the roots' forward calls kept since :attr:`keep_outputs` was set (terms of the loss that do not depend on
+        the batch, e.g. a ridge penalty on the parameters, are left out); None when no root forward was seen. Two
+        extra backward passes through the retained graph (the first private step only)."""
+        outs, self.outputs, self.keep_outputs = self.outputs, [], False
+        grads = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True) if outs else ()
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+        if not pairs:
+            return None
+        params = list(self.params.values())
+        found = torch.autograd.grad([o for o, _ in pairs], params, [g for _, g in pairs], retain_graph=True,
+                                    allow_unused=True)
+        return {p: g for p, g in zip(params, found) if g is not None}
+
     def explain(self, reference: dict[nn.Parameter, Tensor], w: Tensor) -> None:
         """The invariant: for every parameter in ``reference`` (autograd's gradient of ``Σ_i w_i L_i``), the rules'
-        ``Σ_i w_i ∇θ_i`` must equal it to :func:`relative_tolerance`; else raise, in one line, naming the parameter,
-        the share of its gradient left unexplained and its uses outside its layer that no rule follows."""
+        ``Σ_i w_i ∇θ_i`` must equal it to :func:`relative_tolerance` of its norm (at least of the whole gradient's
+        norm: a gradient that is zero in exact arithmetic, e.g. a key bias under softmax, is rounding noise); else
+        raise, in one line, naming the parameter, the share of its gradient left unexplained and its uses outside its
+        layer that no rule follows."""
         ours = self.weighted_grads(w)
+        floor = torch.stack([g.norm() for g in reference.values()]).norm() if reference else 0
         for p, want in reference.items():
             have = ours.get(p)
             missing = (want if have is None else want - have.view_as(want)).norm()
-            scale = want.norm() + (have.norm() if have is not None else 0)
+            scale = torch.maximum(want.norm() + (have.norm() if have is not None else 0), floor)
             if missing > relative_tolerance(want.dtype) * scale:
                 name = self.param_name(p) if id(p) in self.owners else f"of shape {tuple(p.shape)}"
                 seen = sorted(self.watch.notes.get(name, ()))
