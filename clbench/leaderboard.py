@@ -152,10 +152,15 @@ def _flat(record: dict, scenario: str, strategy: str) -> dict:
     return row
 
 
+def unique_runs(records: list[dict]) -> list[dict]:
+    """Each run once (its first record, by :func:`clbench.records.run_key`), in order."""
+    keys = [record_files.run_key(r) for r in records]
+    return [r for i, r in enumerate(records) if keys.index(keys[i]) == i]
+
+
 def build(records: list[dict]) -> pd.DataFrame:
     """The leaderboard table (see the module docstring for rows and columns)."""
-    keys = [record_files.run_key(r) for r in records]
-    records = [r for i, r in enumerate(records) if keys.index(keys[i]) == i]     # each run once (its first record)
+    records = unique_runs(records)
     if not records:
         return pd.DataFrame(columns=[*KEYS, "n_seeds"])
     flat = pd.DataFrame([_flat(r, *labels) for r, labels in zip(records, row_labels(records))])

@@ -131,21 +131,27 @@ def _matrix_label(name: str, scenario: str) -> str:
     return stem.replace("__", " · ")
 
 
-def _provenance(records: list[dict]) -> list[str]:
+def provenance(records: list[dict]) -> list[tuple[str, str]]:
+    """``(what, values)`` of the records' machine and code, each value deduplicated and sorted (``unknown`` where a
+    record lacks it): machine, CPU (model and torch's kernel set), device and python, packages, git commits, code
+    fingerprints."""
     envs = [r.get("env") or {} for r in records]
     packages = sorted({f"{k} {v}" for e in envs for k, v in (e.get("packages") or {}).items() if v})
     commits = sorted({(e.get("git_commit") or "unknown")[:10] for e in envs})
     fingerprints = sorted({r.get("code_fingerprint") or "unknown" for r in records})
     cpus = sorted({f"{e['cpu_model']} (torch CPU kernels: {e.get('cpu_capability') or 'unknown'})"
                    if e.get("cpu_model") else "not recorded" for e in envs})
-    return ["## Machine and code", "",
-            f"- machine: {'; '.join(sorted({e.get('machine', 'unknown') for e in envs}))}",
-            f"- CPU: {'; '.join(cpus)}",
-            f"- device: {', '.join(sorted({e.get('device', 'unknown') for e in envs}))}; python "
-            f"{', '.join(sorted({e.get('python', '?') for e in envs}))}",
-            f"- packages: {', '.join(packages) or 'unknown'}",
-            f"- git commit(s) of the runs: {', '.join(commits)}",
-            f"- code fingerprints ({len(fingerprints)}): {', '.join(fingerprints)} (per row in leaderboard.csv)", ""]
+    return [("machine", "; ".join(sorted({e.get("machine", "unknown") for e in envs}))),
+            ("CPU", "; ".join(cpus)),
+            ("device", f"{', '.join(sorted({e.get('device', 'unknown') for e in envs}))}; python "
+                       f"{', '.join(sorted({e.get('python', '?') for e in envs}))}"),
+            ("packages", ", ".join(packages) or "unknown"),
+            ("git commit(s) of the runs", ", ".join(commits)),
+            (f"code fingerprints ({len(fingerprints)})", f"{', '.join(fingerprints)} (per row in leaderboard.csv)")]
+
+
+def _provenance(records: list[dict]) -> list[str]:
+    return ["## Machine and code", "", *(f"- {what}: {value}" for what, value in provenance(records)), ""]
 
 
 def render(records: list[dict], plots: Sequence[Path], out_dir: str | Path) -> str:

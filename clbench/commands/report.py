@@ -1,5 +1,6 @@
-"""``clbench report --out results/quick``: report.md (with the leaderboard files and plots it shows) from the
-records in a suite's output folder; prints where it is."""
+"""``clbench report --out results/quick [--html]``: report.md (with the leaderboard files and plots it shows) from the
+records in a suite's output folder, and with ``--html`` the self-contained page report.html
+(:mod:`clbench.html_report`); prints where they are."""
 
 from __future__ import annotations
 
@@ -14,12 +15,19 @@ from clbench.registry import COMMANDS
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="a suite's output folder, e.g. results/quick")
+    p.add_argument("--html", action="store_true",
+                   help="also write report.html: one self-contained page (sortable leaderboard, per-seed values and "
+                        "paired intervals, score matrices and curves) to open in any browser, offline")
 
 
 def run(args: argparse.Namespace) -> int:
     """Exit code 2 as for ``leaderboard``: a file in ``runs/`` was not a record."""
     _, corrupt = write_tables(Path(args.out))
     print(f"report: {Path(args.out) / 'report.md'}{skipped_note(corrupt)}", file=sys.stderr)
+    if args.html:
+        from clbench.html_report import write_html
+
+        print(f"report: {write_html(Path(args.out))}", file=sys.stderr)
     return 2 if corrupt else 0
 
 
