@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from clbench.models.seqrec import SeqRec, next_item_loss
+from clbench.models.seqrec import SeqRec, target_loss
 from clbench.privacy.reattention import ACTIVATIONS, ATTENTIONS, ErrorPrior
 from clbench.privacy.step import PrivateTraining
 from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
@@ -147,10 +147,13 @@ class SequentialRecommender(StrategyBase):
         last = c.loss_positions
         if last is not None and last > y.shape[1]:
             raise ValueError(f"loss_positions {last} exceeds the windows' length {y.shape[1]}.")
+        if last is not None:
+            y = torch.cat([torch.zeros_like(y[:, :-last]), y[:, -last:]], 1)      # targets of the last K only
         self.model.train()
-        self.steps += fit(self.model, lambda items: self.model(items, last), self.model.parameters(), x,
-                          y if last is None else y[:, -last:], next_item_loss, settings,
-                          seed=self.seed + experience.current_experience, callbacks=self.callbacks)
+        # scores only where a target exists (packed rows; the every-position loss): the model sees (items, targets)
+        self.steps += fit(self.model, lambda pairs: self.model(pairs[:, 0], targets=pairs[:, 1]),
+                          self.model.parameters(), torch.stack([x, y], 1), y, lambda out, _: target_loss(out),
+                          settings, seed=self.seed + experience.current_experience, callbacks=self.callbacks)
         self.model.eval()
 
     @torch.no_grad()

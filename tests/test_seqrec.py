@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from clbench.callbacks import CallbackContext, CallbackSpec
 from clbench.executors import LocalExecutor
-from clbench.models.seqrec import SeqRec, next_item_loss
+from clbench.models.seqrec import SeqRec, TargetScores, next_item_loss, target_loss
 from clbench.protocol import ScenarioInfo
 from clbench.registry import MODELS, SCENARIOS, STRATEGIES
 from clbench.scenarios.movielens import sequences_scenario
@@ -216,3 +216,79 @@ def test_loss_positions_trains_on_the_last_positions_only():
                                next_item_loss(model(items), kept))
     with pytest.raises(ValueError, match="loss_positions must be >= 1"):
         STRATEGIES.get("seqrec").Config(loss_positions=0)
+
+
+def _windows(seed: int, batch: int = 5, length: int = 6, items: int = 15) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows with left padding and targets only at some positions (0 elsewhere, as the scenario's)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(1, items + 1, (batch, length), generator=g)
+    y = torch.randint(1, items + 1, (batch, length), generator=g)
+    for i in range(batch):
+        x[i, :i] = 0
+        y[i, :i] = 0
+    y[torch.rand(batch, length, generator=g) < 0.4] = 0
+    y[0, -1] = 3
+    return x, y
+
+
+def test_scores_at_target_positions_give_the_every_position_loss_to_the_last_digit(float64):
+    """``forward(items, targets=y)`` scores only the positions with a target (packed rows); its loss equals the
+    every-position loss exactly (float64, bitwise), and so do the gradients to rounding."""
+    torch.manual_seed(6)
+    model = SeqRec(15, 6, dim=8, heads=2, dropout=0.0)
+    x, y = _windows(1)
+    packed = model(x, targets=y)
+    assert isinstance(packed, TargetScores) and packed.scores.shape == (int((y > 0).sum()), 16)
+    for reduction in ("mean", "sum", "sample"):
+        assert torch.equal(target_loss(packed, reduction), next_item_loss(model(x), y, reduction))
+    dense = torch.autograd.grad(next_item_loss(model(x), y), list(model.parameters()))
+    rows = torch.autograd.grad(target_loss(model(x, targets=y)), list(model.parameters()))
+    for a, b in zip(dense, rows):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-15)
+
+
+def test_per_sample_norms_on_packed_target_rows_equal_vmap_of_the_every_position_loss(float64):
+    """The private side of packing: per-sample norms of the tied model whose output layer runs on the packed target
+    rows (Linear rule within each sample's rows, the tie's cross term on rows) equal torch.func's per-sample
+    gradients of the same loss written over every position; the first-step invariant holds."""
+    privacy = pytest.importorskip("clbench.privacy")
+    torch.manual_seed(7)
+    model = SeqRec(15, 6, dim=8, dropout=0.0)
+    x, y = _windows(2)
+
+    class Packed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, pairs):
+            return self.model(pairs[:, 0], targets=pairs[:, 1])
+
+    ours = privacy.per_sample_grad_norms(Packed(), lambda out, _: target_loss(out, "sample"), torch.stack([x, y], 1),
+                                         y)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss_one(p, xi, yi):
+        return next_item_loss(torch.func.functional_call(model, p, (xi[None],)), yi[None])
+
+    grads = torch.func.vmap(torch.func.grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
+    torch.testing.assert_close(ours, torch.cat([g.flatten(1) for g in grads.values()], 1).norm(dim=1),
+                               rtol=1e-6, atol=0)
+
+
+def test_seqrec_trains_privately_on_packed_rows():
+    """The strategy trains on the packed layout with dp: every step's output layer runs on the target rows only,
+    the first step's invariant passes, and the steps are taken."""
+    privacy = pytest.importorskip("clbench.privacy")
+    scenario = cycles(users=24)
+    config = STRATEGIES.get("seqrec").Config(dim=8, epochs=2, batch_size=8)
+    strategy = STRATEGIES.get("seqrec")(scenario.info, "cpu", config)
+    strategy.callbacks.attach([CallbackSpec("dp", {"epsilon": 8.0, "clip": 1.0})],
+                              CallbackContext(run_id="packed", modules=strategy.modules,
+                                              n_train=len(scenario.train_stream[0].dataset)))
+    shapes = []
+    strategy.model.output.register_forward_hook(lambda m, args, out: shapes.append(args[0].dim()))
+    strategy.train(scenario.train_stream[0])
+    (dp,) = strategy.callbacks.callbacks
+    assert isinstance(dp, privacy.PrivateTraining) and dp.call.steps_taken > 0 and not dp.unchecked
+    assert shapes and set(shapes) == {2}                    # (N, d) rows, never (B, L, d)
