@@ -43,7 +43,7 @@ from clbench import records as record_files
 from clbench.callbacks import CallbackContext, CallbackSpec, Evaluation
 from clbench.config import config_hash, with_scenario_paths
 from clbench.data import DatasetNotFound
-from clbench.environment import PeakMemory, environment, release_freed_memory, resolve_device
+from clbench.environment import PeakMemory, environment, resolve_device
 from clbench.errors import NonFiniteLossError, OutputError
 from clbench.loggers import ALWAYS_ON
 from clbench.protocol import (
@@ -156,7 +156,10 @@ def execute(spec: RunSpec, out_dir: str | Path | None = None) -> RunRecord:
                        checkpoints=identity.get("checkpoints", {}),
                        started=datetime.now(UTC).isoformat(timespec="seconds"))
     try:
-        _execute(spec, config, device, record, None if out_dir is None else Path(out_dir))
+        with PeakMemory(device) as memory:       # read once _execute returned: its objects are gone
+            _execute(spec, config, device, record, None if out_dir is None else Path(out_dir))
+        record.metrics["peak_mem_MB"] = memory.peak_mb      # after on_run_end: loggers' final metrics lack it
+        record.env["peak_mem_method"] = memory.method
         record.status = "finished"
     except (KeyboardInterrupt, DatasetNotFound, OutputError):
         raise
@@ -176,7 +179,6 @@ def run(spec: RunSpec, out_dir: str | Path) -> RunRecord:
 
 
 def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord, out_dir: Path | None) -> None:
-    release_freed_memory()          # before this run's data exists: what earlier runs freed goes back to the OS
     seed_everything(spec.seed)
     scenario = build_scenario(spec)
     info, evaluator = scenario.info, scenario.evaluator
@@ -195,7 +197,7 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
     train_s = eval_s = 0.0
     amp = spec.amp and device.type == "cuda"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
-    with PeakMemory(device) as memory, autocast:
+    with autocast:
         for i, step in enumerate(progress.bar(steps, desc=spec.run_id, level="experiences")):
             start = time.perf_counter()
             callbacks.on_experience_start(i)
@@ -218,8 +220,7 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
     summary = metrics.summarize(record.matrices, record.test_sizes, evaluator.specs, offline=offline)
     totals = [p["total"] for p in record.params_per_step]
     summary.update(params_M=_mega(totals[-1]), trainable_params_M=_mega(record.params_per_step[-1]["trainable"]),
-                   params_added_M=_mega(totals[-1] - totals[0]), train_s=train_s, eval_s=eval_s,
-                   peak_mem_MB=memory.peak_mb)
+                   params_added_M=_mega(totals[-1] - totals[0]), train_s=train_s, eval_s=eval_s)
     summary["extra"] = _extra_metrics(strategy)
     record.metrics = summary
     if out_dir is not None:
