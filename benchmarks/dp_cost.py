@@ -6,8 +6,14 @@ fast gradient clipping (GradSampleModuleFastGradientClipping, ghost clipping + s
   (``--dim`` widens it, e.g. 192 = ViT-Tiny's width, heads ``dim / 16``);
 - ``seq``: a 2-block, d=64, 1-head transformer over item sequences (length 50) with vocabulary 1682 (+ padding) and
   SHARED input/output item embeddings (``output.weight is items.weight``; the #13 seqrec shape, built here);
-- ``games``: the same model with Amazon Games' vocabulary (23,715 items + padding, issue #22), where the tied
-  output layer (``T·V`` scores a sample) dominates the step.
+- ``games``: the product's :class:`~clbench.models.seqrec.SeqRec` (tied item embeddings, 2 blocks, d = 64) on a
+  batch of 256 real Amazon Games training windows (``$CLBENCH_DATA/amazon-games``, 23,715 items, length 50; most
+  positions are padding) trained on EVERY position that has a target, in four modes interleaved step by step:
+  today's layout (scores at all ``B·L`` positions, :func:`~clbench.models.seqrec.next_item_loss`) and the packed
+  layout (scores at the target rows only, ``forward(items, targets=y)``, :func:`~clbench.models.seqrec.target_loss`,
+  the same loss), each non-private and private (the ``dp`` callback). Printed: packed / today's time (private and
+  not), private / non-private on the packed step, and the cost of the first-step invariant (a step with the check /
+  a step without; :meth:`~clbench.privacy.step.PrivateTraining.check`). No memory column for this model.
 
 Time: median seconds per step, the four modes interleaved step by step in ONE process (the machine is shared: ratios
 are more trustworthy than seconds). Memory: each (model, mode) runs in its own subprocess; the number is the peak
@@ -45,6 +51,7 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from clbench.callbacks import CallbackContext
+from clbench.models.seqrec import SeqRec, next_item_loss, target_loss
 from clbench.models.vit import vit
 from clbench.privacy import PrivateTraining, per_sample_grad_norms
 from clbench.protocol import ClassificationInfo
@@ -93,7 +100,7 @@ class SeqLoss(nn.Module):
 
 
 def workload(name: str, batch: int, device: torch.device, dim: int = 64):
-    """``(model, loss, x, y)`` for ``vit`` (width ``dim``, ``dim / 16`` heads), ``seq`` or ``games``."""
+    """``(model, loss, x, y)`` for ``vit`` (width ``dim``, ``dim / 16`` heads), ``seq`` or a zoo model."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     if name in ZOO:
@@ -107,7 +114,7 @@ def workload(name: str, batch: int, device: torch.device, dim: int = 64):
         x, y = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 100, (batch,), generator=g)
         loss = nn.CrossEntropyLoss()
     else:
-        vocab = {"seq": 1683, "games": 23_716}[name]
+        vocab = 1683
         model = SeqModel(vocab)
         x, y = torch.randint(1, vocab, (batch, 50), generator=g), torch.randint(1, vocab, (batch, 50), generator=g)
         loss = SeqLoss()
@@ -247,10 +254,90 @@ def shared_embedding_check(batch: int = 8) -> dict[str, float | bool]:
             "tie_kept": model.output.weight is model.items.weight, "opacus_ghost": ghost}
 
 
+GAMES_BATCH = 256
+GAMES_MODES = ("today_nonprivate", "today_private", "packed_nonprivate", "packed_private")
+
+
+def games_windows(batch: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """``batch`` training windows ``(x, y)`` of Amazon Games drawn with seed 0 (the games_seqrec scenario's
+    windows), the number of items and of training windows."""
+    from clbench.scenarios.recommendation import games_seqrec
+
+    scenario = games_seqrec()
+    data = scenario.train_stream[0].dataset
+    pick = torch.randperm(len(data.y), generator=torch.Generator().manual_seed(0))[:batch]
+    return data.x[pick], data.y[pick], scenario.info.extra["n_items"], len(data.y)
+
+
+def games_step(mode: str, model: SeqRec, batch: int, n: int):
+    """A function ``(x, y) -> None`` doing one training step of ``mode`` (:data:`GAMES_MODES`); and the dp callback
+    (None when not private)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    dp = None
+    if mode.endswith("_private"):
+        dp = PrivateTraining(noise_multiplier=SIGMA, delta=1e-5, clip=CLIP)
+        dp.setup(CallbackContext(run_id=f"bench-{mode}", modules=lambda: {"model": model}, n_train=n))
+        dp.batch_sampler(n, batch, 1)
+    packed = mode.startswith("packed")
+
+    def step(x, y):
+        if dp is not None:
+            dp.on_batch_start(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss = target_loss(model(x, targets=y)) if packed else next_item_loss(model(x), y)
+        if dp is not None:
+            dp.after_forward(loss)
+        loss.backward()
+        if dp is not None:
+            dp.after_backward(model)
+        optimizer.step()
+    return step, dp
+
+
+def games(steps: int) -> None:
+    """The packed every-position step against today's (module docstring), ratios from this one run."""
+    x, y, items, n = games_windows(GAMES_BATCH)
+    torch.manual_seed(0)
+    model = SeqRec(items, x.shape[1])
+    with torch.no_grad():
+        model.eval()
+        same = torch.equal(target_loss(model(x, targets=y)), next_item_loss(model(x), y))
+        model.train()
+    print(f"\ngames: SeqRec (23,715 items, d 64, 2 blocks), batch {GAMES_BATCH} real windows of length {x.shape[1]}, "
+          f"{int((y > 0).sum())} target positions of {y.numel()}; packed loss == every-position loss: {same}")
+    runners = {}
+    for mode in GAMES_MODES:
+        replica = SeqRec(items, x.shape[1])
+        replica.load_state_dict(model.state_dict())
+        runners[mode] = games_step(mode, replica.train(), GAMES_BATCH, n)
+    times = {mode: [] for mode in GAMES_MODES}
+    for k in range(steps + 1):                      # round 0: warm-up (and the private modes' checked first step)
+        for mode, (step, _) in runners.items():
+            start = time.perf_counter()
+            step(x, y)
+            if k:
+                times[mode].append(time.perf_counter() - start)
+    step, dp = runners["packed_private"]
+    dp.unchecked = dp.tape.keep_outputs = True      # one more step with the first-step invariant
+    start = time.perf_counter()
+    step(x, y)
+    checked = time.perf_counter() - start
+    med = {mode: statistics.median(t) for mode, t in times.items()}
+    print(f"{'mode':<20}{'step s (median)':>16}   all steps")
+    for mode in GAMES_MODES:
+        print(f"{mode:<20}{med[mode]:>16.3f}   {', '.join(f'{t:.2f}' for t in times[mode])}")
+    print(f"today / packed, non-private: {med['today_nonprivate'] / med['packed_nonprivate']:.2f}x")
+    print(f"today / packed, private:     {med['today_private'] / med['packed_private']:.2f}x")
+    print(f"today private / packed non-private: {med['today_private'] / med['packed_nonprivate']:.2f}x")
+    print(f"packed: private / non-private: {med['packed_private'] / med['packed_nonprivate']:.2f}x")
+    print(f"first-step invariant: a packed private step with the check {checked:.3f} s / without "
+          f"{med['packed_private']:.3f} s = {checked / med['packed_private']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["vit", "seq"], choices=["vit", "seq", "games", "zoo", *ZOO])
-    parser.add_argument("--batch", type=int, default=0, help="default: 256 for vit, 64 for seq, 32 for games")
+    parser.add_argument("--batch", type=int, default=0, help="default: 256 for vit, 64 for seq (games: 256)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dim", type=int, default=64, help="the ViT's width (vit only; heads = dim / 16)")
@@ -264,7 +351,10 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"device {device}, torch threads {args.threads}, {args.steps} timed steps per mode (interleaved)")
     for name in [m for given in args.models for m in (ZOO_MODELS if given == "zoo" else (given,))]:
-        batch = args.batch or (ZOO_BATCH if name in ZOO else {"vit": 256, "seq": 64, "games": 32}[name])
+        if name == "games":
+            games(args.steps)
+            continue
+        batch = args.batch or (ZOO_BATCH if name in ZOO else {"vit": 256, "seq": 64}[name])
         times = timing(name, batch, args.steps, device, args.dim)
         mems = {mode: memory(name, mode, batch, args.threads, args.dim) for mode in MODES}
         print(f"\n{name} (batch {batch}{f', dim {args.dim}' if name == 'vit' else ''})")

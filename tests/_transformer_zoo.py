@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+from clbench.privacy.packing import rows_of
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,152 @@ class ViT(nn.Module):
         return self.head(self.norm(self.encoder(tokens))[:, 0])
 
 
+def causal_encoder(s: Sizes, layers: int | None = None) -> nn.TransformerEncoder:
+    return nn.TransformerEncoder(encoder_layer(s, True, norm_first=True), num_layers=layers or s.layers,
+                                 enable_nested_tensor=False)
+
+
+def causal_mask(t: int, device: torch.device) -> Tensor:
+    return nn.Transformer.generate_square_subsequent_mask(t, device=device)
+
+
+class GPT2(nn.Module):
+    """GPT-2/BERT-style tied head written on the weight: ``wte``, ``wpe`` Embeddings (positions expanded per
+    sample), pre-norm causal encoder, final LayerNorm, logits ``h @ wte.weight.T`` (``head="matmul"``) or
+    ``F.linear(h, wte.weight) + bias`` with a bare output bias (``head="linear"``, BERT's decoder)."""
+
+    def __init__(self, s: Sizes, head: str = "matmul") -> None:
+        super().__init__()
+        self.head = head
+        self.wte, self.wpe = nn.Embedding(s.vocab, s.dim), nn.Embedding(s.length, s.dim)
+        self.encoder, self.ln_f = causal_encoder(s), nn.LayerNorm(s.dim)
+        self.bias = nn.Parameter(torch.zeros(s.vocab)) if head == "linear" else None
+
+    def forward(self, ids: Tensor) -> Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        h = self.encoder(self.wte(ids) + self.wpe(positions), mask=causal_mask(ids.shape[1], ids.device),
+                         is_causal=True)
+        h = self.ln_f(h)
+        return h @ self.wte.weight.T if self.head == "matmul" else F.linear(h, self.wte.weight) + self.bias
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT as written: ``pos = torch.arange(T)``, ``x = wte(idx) + wpe(pos)`` (the positions' Embedding called
+    WITHOUT the batch dimension, its ``(T, d)`` output broadcast over the batch), tied head through an nn.Linear
+    (``wte.weight = lm_head.weight``)."""
+
+    def __init__(self, s: Sizes) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(s.vocab, s.dim), nn.Embedding(s.length, s.dim)
+        self.encoder, self.ln_f = causal_encoder(s), nn.LayerNorm(s.dim)
+        self.lm_head = nn.Linear(s.dim, s.vocab, bias=False)
+        self.wte.weight = self.lm_head.weight
+
+    def forward(self, ids: Tensor) -> Tensor:
+        pos = torch.arange(0, ids.shape[1], dtype=torch.long, device=ids.device)
+        x = self.wte(ids) + self.wpe(pos)
+        return self.lm_head(self.ln_f(self.encoder(x, mask=causal_mask(ids.shape[1], ids.device), is_causal=True)))
+
+
+class ScaledBlock(nn.Module):
+    """A pre-norm block with layer scale written as bare parameters: ``x + γ₁ ⊙ attn(LN x)``, ``x + γ₂ ⊙ mlp(LN x)``
+    (CaiT / DINOv2 style, ``h * self.gamma``)."""
+
+    def __init__(self, s: Sizes) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(s.dim), nn.LayerNorm(s.dim)
+        self.attn = nn.MultiheadAttention(s.dim, s.heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(s.dim, s.ff), nn.GELU(), nn.Linear(s.ff, s.dim))
+        self.gamma1 = nn.Parameter(torch.full((s.dim,), 0.1))
+        self.gamma2 = nn.Parameter(torch.full((s.dim,), 0.1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = self.norm1(x)
+        x = x + self.attn(a, a, a, need_weights=False)[0] * self.gamma1
+        return x + self.gamma2 * self.mlp(self.norm2(x))
+
+
+class LayerScaleEncoder(nn.Module):
+    """Token ids -> embedding + bare positional table -> :class:`ScaledBlock` s -> mean -> linear head."""
+
+    def __init__(self, s: Sizes) -> None:
+        super().__init__()
+        self.embed, self.pos = nn.Embedding(s.vocab, s.dim), nn.Parameter(torch.zeros(1, s.length, s.dim))
+        self.blocks = nn.Sequential(*(ScaledBlock(s) for _ in range(s.layers)))
+        self.head = nn.Linear(s.dim, s.classes)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.blocks(self.embed(ids) + self.pos).mean(1))
+
+
+class TiedAutoencoder(nn.Module):
+    """A Linear's weight used again outside the Linear: ``h = relu(fc(x))``, ``x̂ = h @ fc.weight`` (tied decoder),
+    head on the mean token."""
+
+    def __init__(self, s: Sizes) -> None:
+        super().__init__()
+        self.embed, self.fc, self.head = nn.Embedding(s.vocab, s.dim), nn.Linear(s.dim, s.ff), nn.Linear(s.dim,
+                                                                                                        s.classes)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x = self.embed(ids)
+        return self.head((torch.relu(self.fc(x)) @ self.fc.weight + x).mean(1))
+
+
+class PackedLM(nn.Module):
+    """A causal LM whose tied head scores only the positions with a target (packed rows): ``inputs (B, 2, T)`` hold
+    ids and targets (0: no target); the rows ``h[mask]`` go through ``F.linear(rows, wte.weight)`` inside
+    :func:`~clbench.privacy.packing.rows_of` and the output is the per-sample loss ``(B,)`` (summed over its
+    rows). ``dense=True``: the same loss from logits at every position (torch.func's reference can vmap it)."""
+
+    def __init__(self, s: Sizes, dense: bool = False) -> None:
+        super().__init__()
+        self.dense = dense
+        self.wte, self.pos = nn.Embedding(s.vocab, s.dim, padding_idx=0), nn.Parameter(torch.zeros(s.length, s.dim))
+        self.encoder, self.ln_f = causal_encoder(s, 1), nn.LayerNorm(s.dim)
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        ids, targets = inputs[:, 0], inputs[:, 1]
+        h = self.ln_f(self.encoder(self.wte(ids) + self.pos, mask=causal_mask(ids.shape[1], ids.device),
+                                   is_causal=True))
+        if self.dense:
+            ce = F.cross_entropy(F.linear(h, self.wte.weight).transpose(1, 2), targets, reduction="none")
+            return (ce * (targets > 0)).sum(1)
+        mask = targets > 0
+        index = mask.nonzero()[:, 0]
+        with rows_of(index):
+            logits = F.linear(h[mask], self.wte.weight)
+        ce = F.cross_entropy(logits, targets[mask], reduction="none")
+        return ce.new_zeros(len(ids)).index_add(0, index, ce)
+
+
+class EinsumHead(GPT2):
+    """Built to slip past the rules: the tied head written with ``einsum`` (no rule follows it). The Embedding's
+    hooks fire, every parameter receives a gradient, and the norms would be too small: the first-step invariant
+    refuses it, naming ``einsum``."""
+
+    def forward(self, ids: Tensor) -> Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        h = self.ln_f(self.encoder(self.wte(ids) + self.wpe(positions), mask=causal_mask(ids.shape[1], ids.device),
+                                   is_causal=True))
+        return torch.einsum("btd,vd->btv", h, self.wte.weight)
+
+
+class DoubledLinear(nn.Module):
+    """Built to slip past the rules: an nn.Linear whose forward (replaced on the instance) uses its weight twice
+    inside the layer, where no watch looks; its rule sees one call and explains half the gradient."""
+
+    def __init__(self, s: Sizes) -> None:
+        super().__init__()
+        self.embed, self.fc, self.head = nn.Embedding(s.vocab, s.dim), nn.Linear(s.dim, s.dim), nn.Linear(s.dim,
+                                                                                                         s.classes)
+        fc = self.fc
+        fc.forward = lambda x: F.linear(torch.tanh(F.linear(x, fc.weight)), fc.weight, fc.bias)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.fc(self.embed(ids)).mean(1))
+
+
 def ids(s: Sizes, batch: int, seed: int = 1, padded: bool = False) -> Tensor:
     """Token ids ``(batch, length)`` in ``1 .. vocab - 1`` (``padded``: sample 0 ends with two padding ids 0)."""
     out = torch.randint(1, s.vocab, (batch, s.length), generator=torch.Generator().manual_seed(seed))
@@ -136,6 +285,40 @@ def images(s: Sizes, batch: int) -> Tensor:
 def labels(s: Sizes, batch: int) -> Tensor:
     return torch.arange(batch) % s.classes
 
+
+def packed_inputs(s: Sizes, batch: int) -> Tensor:
+    """``(B, 2, T)``: ids with left padding, next-id targets where an id follows (0 elsewhere; sample 1 has none in
+    its first half)."""
+    x = ids(s, batch, seed=5)
+    targets = torch.roll(x, -1, 1)
+    targets[:, -1] = 0
+    for i in range(batch):
+        x[i, :i % s.length] = 0
+        targets[i, :i % s.length] = 0
+    targets[1, : s.length // 2] = 0
+    return torch.stack([x, targets], 1)
+
+
+def sample_losses(out: Tensor, y: Tensor) -> Tensor:
+    """The models that return their own per-sample losses (PackedLM)."""
+    return out
+
+
+IDIOMS = {
+    "gpt2_tied_head_matmul": (lambda s: GPT2(s, "matmul"), ids, lambda s, b: ids(s, b, seed=4)),
+    "bert_tied_head_f_linear_bias": (lambda s: GPT2(s, "linear"), ids, lambda s, b: ids(s, b, seed=4)),
+    "nanogpt_positions_unbatched": (NanoGPT, ids, lambda s, b: ids(s, b, seed=4)),
+    "layer_scale_bare_parameters": (LayerScaleEncoder, ids, labels),
+    "linear_weight_reused_outside": (TiedAutoencoder, ids, labels),
+}
+"""Idioms the rules follow exactly (name -> as :data:`ZOO`); the language models' targets are next ids ``(B, T)``."""
+
+SLIPPING = {
+    "einsum_tied_head": (EinsumHead, ids, lambda s, b: ids(s, b, seed=4), "einsum"),
+    "linear_forward_replaced": (DoubledLinear, ids, labels, "a use inside a layer that its rule does not follow"),
+}
+"""Models built to slip past the rules (no structural check objects): name -> (model, inputs, targets, what the
+first-step invariant's refusal names)."""
 
 ZOO = {
     "encoder_batch_first": (lambda s: Encoder(s, True), ids, labels),

@@ -1,9 +1,11 @@
 """Private training of transformers written the usual PyTorch way (the zoo of tests/_transformer_zoo.py): per-sample
 gradient norms (clbench.privacy) of models built from nn.TransformerEncoderLayer / nn.TransformerDecoderLayer /
 nn.MultiheadAttention and bare nn.Parameters (positional tables, class tokens) against torch.func's vmap(grad)
-per-sample gradients in float64; the traced attention forward against torch's (outputs, weights, state dicts); one
-full private step through the dp callback against a naive per-sample clip-and-sum; the refusals of bare parameters
-used otherwise."""
+per-sample gradients in float64; the idioms of GPT-2/BERT/nanoGPT-style code (tied heads written on the weight,
+positions without the batch dimension, layer scale as bare parameters, a Linear's weight reused) and the packed-rows
+layout likewise; models built to slip past the rules refused by the first-step invariant, before training; the
+traced attention forward against torch's (outputs, weights, state dicts); one full private step through the dp
+callback against a naive per-sample clip-and-sum; the refusals of bare parameters used otherwise."""
 
 from __future__ import annotations
 
@@ -14,7 +16,21 @@ from torch import nn
 
 from clbench.privacy import UnsupportedLayerError, per_sample_grad_norms
 from clbench.privacy.tape import Tape
-from tests._transformer_zoo import ZOO, Encoder, Sizes, ViT, ids, images, labels
+from tests._transformer_zoo import (
+    IDIOMS,
+    SLIPPING,
+    ZOO,
+    EinsumHead,
+    Encoder,
+    PackedLM,
+    Sizes,
+    ViT,
+    ids,
+    images,
+    labels,
+    packed_inputs,
+    sample_losses,
+)
 from tests.test_privacy_dp import per_sample_grads, private_callback
 from tests.test_privacy_norms import RTOL, ce, vmap_norms
 
@@ -47,6 +63,65 @@ def test_zoo_norms_match_vmap(name):
     ref = vmap_norms(model, ce, x, y)
     assert torch.all(ref > 0)
     torch.testing.assert_close(ours, ref, rtol=RTOL, atol=0)
+
+
+@pytest.mark.parametrize("name", IDIOMS)
+def test_idioms_norms_match_vmap(name):
+    """GPT-2's ``h @ wte.weight.T``, BERT's ``F.linear(h, wte.weight) + bias``, nanoGPT's ``wpe(arange(T))``
+    broadcast over the batch with its Linear-tied head, layer scale ``h * gamma`` as bare parameters, and
+    ``z @ fc.weight`` outside the Linear: every parameter's per-sample norm equals vmap's (the first-step invariant
+    holds in per_sample_grad_norms)."""
+    build, inputs, targets = IDIOMS[name]
+    model, x, y = _randomize(build(SIZES)), inputs(SIZES, 4), targets(SIZES, 4)
+    ours = per_sample_grad_norms(model, ce, x, y)
+    ref = vmap_norms(model, ce, x, y)
+    assert torch.all(ref > 0)
+    torch.testing.assert_close(ours, ref, rtol=RTOL, atol=0)
+
+
+def test_packed_rows_layout_matches_vmap_of_the_same_loss_over_every_position():
+    """The tied head on packed rows (the target positions of all samples, each with its sample index): the
+    Embedding's lookups and the head's rows clipped as one parameter (cross term on rows) equal vmap's per-sample
+    gradients of the same loss written over every position (the packed layout's data-dependent shape cannot be
+    vmapped)."""
+    model = _randomize(PackedLM(SIZES))
+    dense = PackedLM(SIZES, dense=True)
+    dense.load_state_dict(model.state_dict())
+    x, unused = packed_inputs(SIZES, 5), torch.zeros(5)
+    torch.testing.assert_close(model(x), dense(x), rtol=1e-12, atol=0)
+    ours = per_sample_grad_norms(model, sample_losses, x, unused)
+    torch.testing.assert_close(ours, vmap_norms(dense, sample_losses, x, unused), rtol=RTOL, atol=0)
+
+
+@pytest.mark.parametrize("name", SLIPPING)
+def test_models_built_to_slip_past_the_rules_are_refused_by_the_invariant(name):
+    """No structural check objects to these models (every layer is called, every parameter is seen by a hook), yet
+    the rules explain only part of a parameter's gradient: one line naming the parameter and its unaccounted use."""
+    build, inputs, targets, named = SLIPPING[name]
+    model, x, y = _randomize(build(SIZES)), inputs(SIZES, 4), targets(SIZES, 4)
+    with pytest.raises(UnsupportedLayerError, match=f"explain only part of the gradient of parameter "
+                                                    f"(wte|fc).weight .*{named}"):
+        per_sample_grad_norms(model, ce, x, y)
+
+
+def test_the_first_private_step_refuses_a_slipping_model_before_it_trains():
+    """Through the dp callback: the first step stops in after_backward (before the optimizer steps) naming the
+    tied weight and ``einsum``; no parameter has moved."""
+    model = _randomize(EinsumHead(SIZES))
+    x, y = ids(SIZES, 6), ids(SIZES, 6, seed=4)
+    callback = private_callback(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    callback.on_batch_start(x, y)
+    loss = ce(model(x), y).mean()
+    callback.after_forward(loss)
+    loss.backward()
+    with pytest.raises(UnsupportedLayerError, match=r"parameter wte.weight \(\d+\.\d% of it unaccounted: its use in "
+                                                    r"einsum outside its layer's forward\)"):
+        callback.after_backward(model)
+        optimizer.step()
+    callback.close()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
 @pytest.mark.parametrize("kw", [
