@@ -195,9 +195,7 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
     experiences = list(scenario.train_stream)
     steps = [experiences] if offline else experiences
     train_s = eval_s = 0.0
-    amp = spec.amp and device.type == "cuda"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
-    with autocast:
+    with autocast(spec.amp, device):
         for i, step in enumerate(progress.bar(steps, desc=spec.run_id, level="experiences")):
             start = time.perf_counter()
             callbacks.on_experience_start(i)
@@ -230,6 +228,25 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
                 record_files.write_owner(out_dir / relative, record)
                 record.state_dir = relative.as_posix()
     callbacks.on_run_end(record.metrics)
+
+
+def autocast(amp: bool, device: torch.device) -> contextlib.AbstractContextManager:
+    """``--amp``: one bf16 autocast region around the whole run (every training and evaluation step), on CPU and
+    CUDA alike, with autocast's weight cache OFF (``cache_enabled=False``); without ``amp`` a null context.
+
+    The cache keeps the bf16 copy of each fp32 leaf weight until the OUTERMOST autocast region exits, so with one
+    region around the run every forward pass would use the bf16 copy of the INITIAL weights: the loss does not move
+    and evaluation scores the initial model (the quick suite on an H200: joint last_acc 7.96 vs 94.07 in fp32).
+    Without the cache each op casts the weight it reads as it is now. Entering autocast per forward pass instead
+    would need one entry in every training loop (Avalanche's templates and their plugins' own forwards, ``fit``,
+    MER's inner steps, the evaluators); one region here covers them all. Backward passes and optimizer steps run
+    inside the region too: backward ops run in the dtype of their forward ops whatever the region (PyTorch's
+    autocast notes) and optimizer updates are not autocast ops, so they stay in the parameters' fp32. Not scaled
+    (no GradScaler): bf16 has fp32's exponent range. Losses that autocast refuses or must see in fp32 (iCaRL's
+    BCE) leave the region themselves."""
+    if not amp:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
 
 
 def _extra_metrics(strategy: StrategyBase) -> dict[str, float]:
