@@ -239,14 +239,16 @@ def _board(scenario: str, rows: pd.DataFrame, groups: dict, spec: MetricSpec, im
             f'(<code>{_e(spec.column("last"))}</code> where it is undefined), best first; seeds '
             f'{", ".join(map(str, seeds))}. Scores: mean ± sample std over the row\'s n seeds, '
             f'<span class="n1">(n=1)</span> for one seed. Click a header to sort, ▸ to see a row\'s seeds, its '
-            f'paired interval to the top row and its score matrix.</p>'
+            f'paired interval to the top continual row and its score matrix.</p>'
             f'<table class="board" id="board{k}"><thead><tr>{"".join(header)}</tr></thead>{"".join(bodies)}</table>'
-            + _glossary(columns))
+            + _glossary(columns, opened=k == 0))
 
 
-def _glossary(columns: list[tuple]) -> str:
+def _glossary(columns: list[tuple], opened: bool) -> str:
+    """The columns' meanings, open under the page's first table only."""
     items = "".join(f"<dt>{_e(name)}</dt><dd>{_e(help_text)}</dd>" for _, name, _, help_text, _ in columns)
-    return f'<details class="glossary" open><summary>What the columns mean</summary><dl>{items}</dl></details>'
+    return (f'<details class="glossary"{" open" if opened else ""}><summary>What the columns mean</summary>'
+            f'<dl>{items}</dl></details>')
 
 
 # ------------------------------------------------------------------------------------------------------ claims
