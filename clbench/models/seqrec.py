@@ -11,9 +11,10 @@ IS the input embedding's Parameter ``item_emb.weight`` (PyTorch's weight-tying i
 The position ``t`` output depends only on items ``0..t``. Training objective (:func:`next_item_loss`): softmax
 cross-entropy over all ``V`` items (padding excluded) at every position that has a target. Training computes the
 output layer at those positions only (``forward(items, targets=...)`` -> :class:`TargetScores`, loss
-:func:`target_loss`, the same loss): the ``N`` rows of ``h`` that have a target are gathered and the tied output
-layer is called on them with each row's sample index (packed rows, :func:`clbench.privacy.packing.rows_of`), so
-private training clips each sample's gradient from its own rows. With most positions padding (Amazon Games: 1,616
+:func:`target_loss`, the same loss): the ``N`` rows of ``h`` that have a target are gathered and scored against the tied
+matrix's item rows ``E[1:]`` (``F.linear``: no padding column to slice off and back in the backward) with each row's
+sample index (packed rows, :func:`clbench.privacy.packing.rows_of`), so private training clips each sample's
+gradient from its own rows. With most positions padding (Amazon Games: 1,616
 targets in a batch of 256 windows of 50) the ``N·V`` scores replace ``B·L·V``.
 
 Attention is :class:`~clbench.privacy.reattention.CausalSelfAttention` (``attention="vanilla"``) or
@@ -134,13 +135,14 @@ class SeqRec(nn.Module):
     def forward(self, items: Tensor, last: int | None = None, targets: Tensor | None = None) -> Tensor | TargetScores:
         """``(B, L)`` -> scores ``(B, L, V + 1)`` of every item at every position, or ``(B, last, V + 1)`` at the
         last ``last`` positions only; with ``targets (B, L)`` (0: no target), the scores at the ``N`` positions that
-        have a target only (:class:`TargetScores`; the output layer, ``L·V`` scores a sample, dominates the cost at
-        a large vocabulary)."""
+        have a target only (:class:`TargetScores`, items ``1..V``: the output layer, ``L·V`` scores a sample,
+        dominates the cost at a large vocabulary)."""
         h = self.hidden(items)
         if targets is not None:
             mask = targets > 0
             with rows_of(mask.nonzero()[:, 0]):                      # each row's sample, for private training
-                return TargetScores(self.output(h[mask]), mask, targets[mask])
+                scores = F.linear(h[mask], self.output.weight[1:])   # items 1..V (the tied E without padding)
+            return TargetScores(scores, mask, targets[mask])
         return self.output(h if last is None else h[:, -last:])
 
     def last_scores(self, items: Tensor) -> Tensor:
@@ -149,8 +151,8 @@ class SeqRec(nn.Module):
 
 
 class TargetScores(NamedTuple):
-    """Scores at the positions that have a target: ``scores (N, V + 1)`` of the ``N`` positions where ``mask
-    (B, L)`` is True (row-major order), their targets ``labels (N,)`` (ids ``1..V``)."""
+    """Scores at the positions that have a target: ``scores (N, V)`` of items ``1..V`` at the ``N`` positions where
+    ``mask (B, L)`` is True (row-major order), their targets ``labels (N,)`` (ids ``1..V``)."""
 
     scores: Tensor
     mask: Tensor
@@ -161,7 +163,7 @@ def target_loss(out: TargetScores, reduction: str = "mean") -> Tensor:
     """:func:`next_item_loss` from the scores at the target positions only: the same per-position cross-entropies
     placed at their positions of a ``(B, L)`` table (zeros elsewhere) and summed per sample, so the loss equals the
     every-position loss (same values, same summation)."""
-    ce = F.cross_entropy(out.scores[:, 1:], out.labels - 1, reduction="none")
+    ce = F.cross_entropy(out.scores, out.labels - 1, reduction="none")
     return _reduce(ce.new_zeros(out.mask.shape).masked_scatter_(out.mask, ce).sum(1), reduction)
 
 

@@ -61,6 +61,15 @@ def sequence_first(root: nn.Module) -> dict[nn.Module, bool]:
     return out
 
 
+def _widen(sides: tuple[Tensor, Tensor], rows: tuple[int, int] | None, total: int) -> tuple[Tensor, Tensor]:
+    """``(L, R)`` of a product that used the rows ``[start, stop)`` of a parameter with ``total`` rows: ``L``'s
+    last dimension (those rows) placed among zeros for the others."""
+    left, right = sides
+    if rows is None:
+        return left, right
+    return torch.nn.functional.pad(left, (rows[0], total - rows[1])), right
+
+
 def relative_tolerance(dtype: torch.dtype) -> float:
     """The first-step invariant's relative tolerance: ``√ε`` of the dtype (float32 3.5e-4, float64 1.5e-8)."""
     return float(torch.finfo(dtype).eps) ** 0.5
@@ -220,7 +229,9 @@ class Tape:
             done = self._checked(calls, batch, self.param_name(self.params[key]), packed=True)
             if not done:
                 continue
-            sides = [(c.saved[0], c.grad) if c.role.x_left else (c.grad, c.saved[0]) for c in done]
+            rows_of_p = self.params[key].shape[0]
+            sides = [_widen((c.saved[0], c.grad) if c.role.x_left else (c.grad, c.saved[0]), c.role.rows, rows_of_p)
+                     for c in done]
             if any(c.index is not None for c in done):
                 r = rows([(right, left, c.index) for (left, right), c in zip(sides, done)], batch)
                 out[key] = Product(r.g, r.a, r.index, batch)

@@ -4,7 +4,8 @@ the forward of each model the tape hooks).
 
 - **A layer's weight used bare in a matrix product** outside the layer (GPT-2/BERT tied heads ``h @ wte.weight.T``,
   ``F.linear(h, wte.weight)``; ``z @ fc.weight``): ``Y = X Q`` (``matmul``, ``@``) or ``Y = X Qᵀ`` (``F.linear``)
-  with ``Q`` the weight ``P`` or its transpose and ``X`` the activations (sample first). Sample ``i``'s gradient is
+  with ``Q`` the weight ``P``, its transpose or a block of its rows (``P[1:]``: a head without the padding item) and
+  ``X`` the activations (sample first). Sample ``i``'s gradient is
   a :class:`~clbench.privacy.tied.Product` ``L_iᵀ R_i``: ``Y = X P``: ``L = X, R = G``; ``Y = X Pᵀ``: ``L = G,
   R = X`` (``G = ∂L/∂Y``), clipped together with the layer's own use (:mod:`clbench.privacy.tied`).
 - **A layer called without the sample dimension whose output is broadcast over the batch** (nanoGPT's positions
@@ -41,9 +42,11 @@ LINEAR_OPS = {F.linear}
 @dataclass
 class ProductUse:
     """A bare matrix product with a weight: ``x_left``: ``Y = X P`` (``L = X``, ``R = G``), else ``Y = X Pᵀ``
-    (``L = G``, ``R = X``)."""
+    (``L = G``, ``R = X``); ``rows = (start, stop)``: the product used the rows ``P[start:stop]`` only (e.g. a tied
+    head skipping the padding item), so ``L`` covers those rows of ``P``."""
 
     x_left: bool
+    rows: tuple[int, int] | None = None
 
 
 @dataclass
@@ -136,19 +139,25 @@ class Watch(TorchFunctionMode):
         self.outputs[id(out)] = (weakref.ref(out), call, compose(recipe, lambda o: func(o, *rest, **kwargs)))
 
     # ------------------------------------------------------------------------------------------- parameters
-    def _param(self, t: Any) -> tuple[nn.Parameter, bool] | None:
-        """``(P, transposed)`` when ``t`` is a trained parameter ``P`` or its 2-d transpose (a view of it)."""
+    def _param(self, t: Any) -> tuple[nn.Parameter, bool, tuple[int, int] | None] | None:
+        """``(P, transposed, rows)`` when ``t`` is a trained parameter ``P``, its 2-d transpose or a block of its
+        rows ``P[start:stop]`` (views of it)."""
         if not isinstance(t, Tensor):
             return None
         hit = self.owners.get(id(t))
         if hit is not None and hit[0] is t:
-            return t, False
+            return t, False, None
         base = t._base
         hit = self.owners.get(id(base)) if base is not None else None
-        if hit is not None and hit[0] is base and t.dim() == 2 and base.dim() == 2 and \
-                tuple(t.shape) == tuple(base.shape)[::-1] and t.stride() == base.stride()[::-1] and \
+        if hit is None or hit[0] is not base or t.dim() != 2 or base.dim() != 2:
+            return None
+        if tuple(t.shape) == tuple(base.shape)[::-1] and t.stride() == base.stride()[::-1] and \
                 t.storage_offset() == base.storage_offset():
-            return base, True
+            return base, True, None
+        start, rest = divmod(t.storage_offset() - base.storage_offset(), base.stride(0))
+        if t.stride() == base.stride() and t.shape[1] == base.shape[1] and not rest and \
+                0 <= start and start + t.shape[0] <= base.shape[0]:
+            return base, False, (start, start + t.shape[0])
         return None
 
     def _outside(self, p: nn.Parameter) -> bool:
@@ -162,12 +171,12 @@ class Watch(TorchFunctionMode):
         hit = self._param(q)
         if hit is None or self._param(x) is not None or not isinstance(x, Tensor) or x.dim() < 2:
             return False
-        p, transposed = hit
+        p, transposed, rows = hit
         bias = args[2] if len(args) > 2 else kwargs.get("bias")
         if not self._outside(p) or (bias is not None and self._param(bias) is not None):
             return False
         linear = func in LINEAR_OPS                    # F.linear(X, Q) = X Qᵀ
-        self.product(p)(Call((x.detach(),), out, role=ProductUse(x_left=linear == transposed)))
+        self.product(p)(Call((x.detach(),), out, role=ProductUse(linear == transposed, rows)))
         return True
 
     def _note(self, func, args, kwargs) -> None:
