@@ -140,8 +140,7 @@ def _cell(row: pd.Series, column: str, fmt: str, is_score: bool) -> str:
     if value is None or pd.isna(value):
         return '<td data-v="">–</td>'
     std = row.get(f"{column}_std") if is_score else None
-    spread = "" if not is_score else (' <span class="n1">(n=1)</span>' if std is None or pd.isna(std)
-                                      else f' <span class="pm">± {fmt.format(std)}</span>')
+    spread = "" if std is None or pd.isna(std) else f' <span class="pm">± {fmt.format(std)}</span>'
     return f'<td data-v="{float(value):.10g}">{fmt.format(value)}{spread}</td>'
 
 
@@ -227,7 +226,8 @@ def _board(scenario: str, rows: pd.DataFrame, groups: dict, spec: MetricSpec, im
         if flags:
             text = "" if pd.isna(row.get("flags")) else str(row.get("flags"))
             cells.append(f'<td data-v="{_e(text)}" class="flag">{_e(text)}</td>')
-        cells.append(f'<td data-v="{row["n_seeds"]}">{_e(n)}</td>')
+        one = ' class="n1" title="one seed: no spread to show"' if row["n_seeds"] == 1 else ""
+        cells.append(f'<td data-v="{row["n_seeds"]}"{one}>{_e(n)}</td>')
         cells += [_cell(row, c, fmt, better is not None) for c, _, fmt, _, better in columns]
         detail = _detail(row, runs, top, columns, scenario, images)
         bodies.append(f'<tbody><tr class="main">{"".join(cells)}</tr>'
@@ -237,8 +237,8 @@ def _board(scenario: str, rows: pd.DataFrame, groups: dict, spec: MetricSpec, im
     return (f'<h3>{_e(scenario)}</h3><p class="note">Primary metric <code>{_e(spec.name)}</code>'
             f'{" (" + _e(spec.unit) + ")" if spec.unit else ""}; {len(rows)} rows ranked by <code>{_e(ranked)}</code> '
             f'(<code>{_e(spec.column("last"))}</code> where it is undefined), best first; seeds '
-            f'{", ".join(map(str, seeds))}. Scores: mean ± sample std over the row\'s n seeds, '
-            f'<span class="n1">(n=1)</span> for one seed. Click a header to sort, ▸ to see a row\'s seeds, its '
+            f'{", ".join(map(str, seeds))}. Scores: mean ± sample std over the row\'s n seeds; a row of '
+            f'<span class="n1">one seed</span> has no ± part. Click a header to sort, ▸ to see a row\'s seeds, its '
             f'paired interval to the top continual row and its score matrix.</p>'
             f'<table class="board" id="board{k}"><thead><tr>{"".join(header)}</tr></thead>{"".join(bodies)}</table>'
             + _glossary(columns, opened=k == 0))
@@ -294,7 +294,7 @@ th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{co
 table.board td:nth-child(2),table.board th:nth-child(2){text-align:left}
 table.board tbody:nth-of-type(odd) tr.main{background:#fbfbfb}
 .pm{color:#666;font-size:.9em}.tag{font-size:.75em;color:#fff;background:#888;border-radius:3px;
-padding:0 .35em;margin-left:.3em}.n1{color:#a60;font-size:.9em}.flag{color:#b00;text-align:left}
+padding:0 .35em;margin-left:.3em}.n1{color:#a60;font-weight:600}.flag{color:#b00;text-align:left}
 button.open{border:0;background:none;cursor:pointer;font-size:1em;padding:0 .2em}
 tr.detail td{text-align:left;background:#f6f8fc}table.seeds{font-size:.92em}
 img{max-width:100%;margin:.3em .6em .3em 0;vertical-align:top}

@@ -92,7 +92,7 @@ def test_the_page_is_self_contained(tiny):
 
 
 def test_rows_follow_the_leaderboard_with_n_and_mean_plus_minus_std(tiny):
-    """Rows in leaderboard order; n per row (failed runs said); a one-seed row says (n=1) instead of a std; the
+    """Rows in leaderboard order; n per row (failed runs said); a one-seed row has its n marked and no ± part; the
     offline row is tagged as such; the means and stds are the leaderboard's."""
     text, _ = tiny
     table = leaderboard.build(RECORDS)
@@ -101,10 +101,18 @@ def test_rows_follow_the_leaderboard_with_n_and_mean_plus_minus_std(tiny):
     a = table[table["strategy"] == "a"].iloc[0]
     assert f'<td data-v="{a["last_acc"]:.10g}">{a["last_acc"]:.2f} <span class="pm">± {a["last_acc_std"]:.2f}' \
            f'</span></td>' in text
-    assert '40.00 <span class="n1">(n=1)</span>' in text
-    assert '<td data-v="1">1 (1 failed)</td>' in text
+    c = _main(text, "c")
+    assert '<td data-v="40">40.00</td>' in c and '<td data-v="1" class="n1" title="one seed: no spread to show">1' \
+        '</td>' in c and "±" not in c
+    assert '<td data-v="1" class="n1" title="one seed: no spread to show">1 (1 failed)</td>' in _main(text, "d")
+    assert 'class="n1"' not in _main(text, "a")
     assert '</button> joint <span class="tag" title="trained on all experiences at once' in text
     assert text.count('class="tag"') == 1
+
+
+def _main(text: str, strategy: str) -> str:
+    """The row of ``strategy`` (its main line)."""
+    return re.search(rf'<tr class="main"><td data-v="\d+">\d+</td><td data-v="{strategy}">.*?</tr>', text).group(0)
 
 
 def _detail(text: str, strategy: str) -> str:
