@@ -1,0 +1,167 @@
+"""results/REFERENCE.md's tables, generated from the committed records, so that no section can go stale.
+
+A generated table sits between two marker comments; everything outside them is hand-written prose::
+
+    <!-- generated: suite=der table=leaderboard -->
+    | suite | scenario | ... |
+    <!-- end generated -->
+
+The opening marker names the records (``suite``: the folder ``<root>/<suite>/runs``) and the table kind (a
+:data:`TABLES` entry), with the kind's own ``key=value`` options:
+
+- ``leaderboard``: :func:`clbench.leaderboard.to_markdown` of the records, as ``run_bench.py leaderboard`` writes
+  it; ``scenario=<label>`` keeps one scenario.
+- ``paired``: :func:`clbench.analysis.paired.paired` for ``pairs=A:B,C:D`` (strategy labels) on ``metric=<name>``
+  (default ``last_acc``): per pair and scenario, the seeds, ``d̄ ± t·sd/√n`` (with the metric's decimals) and
+  the verdict; with ``relative=yes`` also ``r̄ ± half-width`` of ``r_s = d_s / m(B, s)`` in percent.
+- ``diag``: per scenario and row, ``diag = mean_i R[i, i]`` (accuracy on each step just after training it;
+  mean ± sample std over seeds) beside ``last_acc``, and ``R[i, i]`` step by step: how well each step is learned,
+  and whether a row learned its new classes at all.
+
+:func:`regenerate` rewrites every block from the records; :func:`stale_blocks` lists the blocks whose committed
+text differs from what the records give (tests/test_reference_tables.py fails on any).
+``python -m clbench.analysis.reference_tables [--check] [results/REFERENCE.md]`` does either from a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from clbench import leaderboard
+from clbench import records as record_files
+from clbench.analysis.paired import paired, row_label, scenario_label
+from clbench.metrics import SUMMARIES
+
+BLOCK = re.compile(r"(<!-- generated: (?P<options>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+REFERENCE = Path(__file__).resolve().parents[2] / "results" / "REFERENCE.md"
+
+
+def _options(text: str) -> dict[str, str]:
+    """``key=value`` pairs of an opening marker; ``suite`` and ``table`` are required."""
+    options = dict(item.split("=", 1) for item in text.split())
+    missing = {"suite", "table"} - set(options)
+    if missing:
+        raise ValueError(f"generated block '{text}' lacks {sorted(missing)}; write e.g. "
+                         f"'<!-- generated: suite=der table=leaderboard -->'.")
+    if options["table"] not in TABLES:
+        raise ValueError(f"generated block '{text}': unknown table {options['table']!r}; one of {sorted(TABLES)}.")
+    return options
+
+
+def _records(root: Path, suite: str, scenario: str | None = None) -> list[dict]:
+    found, problems = record_files.load_dir(root / suite)
+    if problems or not found:
+        raise ValueError(f"{root / suite / 'runs'}: {len(found)} records, problems: {[str(p) for p in problems]}")
+    return [r for r in found if scenario is None or scenario_label(r) == scenario]
+
+
+def leaderboard_table(records: list[dict], options: dict[str, str]) -> str:
+    return leaderboard.to_markdown(leaderboard.build(records))
+
+
+def _decimals(records: list[dict], metric: str) -> int:
+    """Decimals of ``metric`` (a summary column such as ``last_acc`` or ``ndcg@10_last``): those of its unit
+    (:func:`clbench.leaderboard.score_decimals`), from the records' metric specs."""
+    units = {spec.column(summary): spec.unit for r in records for spec in leaderboard.metric_specs(r)
+             for summary in SUMMARIES}
+    return leaderboard.score_decimals(units.get(metric, "%"))
+
+
+def paired_table(records: list[dict], options: dict[str, str]) -> str:
+    metric = options.get("metric", "last_acc")
+    relative = options.get("relative") == "yes"
+    digits = _decimals(records, metric)
+    header = ["scenario", "A − B", "metric", "seeds", "mean ± 95% half-width", *(["relative"] if relative else []),
+              "verdict"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for pair in options["pairs"].split(","):
+        a, b = pair.split(":")
+        results = paired(records, a, b, metric)
+        if not results:
+            raise ValueError(f"paired {a}:{b} on {metric}: no seeds in common")
+        for p in results:
+            cells = [p.scenario, f"{a} − {b}", metric, str(len(p.seeds)),
+                     f"{p.mean:+.{digits}f} ± {p.half_width:.{digits}f}",
+                     *([f"{100 * p.relative_mean:+.1f}% ± {100 * p.relative_half_width:.1f}"] if relative else []),
+                     p.verdict]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def diag_table(records: list[dict], options: dict[str, str]) -> str:
+    """Per (scenario, row): seeds, ``last_acc``, ``diag = mean_i R[i, i]`` (percent; mean ± std over seeds) and
+    ``R[i, i]`` step by step (mean over seeds), sorted by diag, best first."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        if r["status"] == "finished":
+            groups.setdefault((scenario_label(r), row_label(r)), []).append(r)
+
+    def pm(values: list[float]) -> str:
+        return f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}" if len(values) > 1 else f"{values[0]:.2f} (n=1)"
+
+    rows = []
+    for (scenario, row), members in groups.items():
+        diagonals = np.array([100 * np.diag(np.asarray(r["accuracy_matrix"])) for r in members])   # (seeds, T)
+        last = [float(r["metrics"]["last_acc"]) for r in members]
+        steps = " / ".join(f"{v:.1f}" for v in diagonals.mean(axis=0))
+        rows.append((scenario, -float(diagonals.mean()), row, len(members), pm(last),
+                     pm(list(diagonals.mean(axis=1))), steps))
+    lines = ["| scenario | row | seeds | last_acc | diag | R[i, i] for i = 0, 1, ... (mean over seeds) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {s} | {row} | {n} | {last} | {diag} | {steps} |" for s, _, row, n, last, diag, steps in sorted(rows)]
+    return "\n".join(lines) + "\n"
+
+
+TABLES: dict[str, Callable[[list[dict], dict[str, str]], str]] = {
+    "leaderboard": leaderboard_table, "paired": paired_table, "diag": diag_table}
+"""Table kinds a generated block may name: ``(records, marker options) -> markdown``."""
+
+
+def render(options: dict[str, str], root: Path) -> str:
+    """The markdown of one block: its table kind on the records of its suite (and scenario)."""
+    return TABLES[options["table"]](_records(root, options["suite"], options.get("scenario")), options)
+
+
+def regenerate(text: str, root: Path) -> str:
+    """``text`` with every generated block's body rewritten from the records under ``root``."""
+    return BLOCK.sub(lambda m: m.group(1) + render(_options(m.group("options")), root) + m.group(4), text)
+
+
+def stale_blocks(text: str, root: Path) -> list[str]:
+    """The opening markers of the blocks whose committed body differs from what the records give."""
+    return [m.group("options") for m in BLOCK.finditer(text)
+            if m.group("body") != render(_options(m.group("options")), root)]
+
+
+__all__ = ["TABLES", "main", "regenerate", "render", "stale_blocks"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clbench.analysis.reference_tables",
+                                     description="Regenerate (or --check) the generated tables of REFERENCE.md.")
+    parser.add_argument("path", nargs="?", default=str(REFERENCE), help="the markdown file (default: %(default)s)")
+    parser.add_argument("--root", default=str(REFERENCE.parent / "reference"),
+                        help="folder of the suites' records (default: %(default)s)")
+    parser.add_argument("--check", action="store_true", help="only list stale blocks; exit 1 if any")
+    args = parser.parse_args(argv)
+    path = Path(args.path)
+    root = Path(args.root)
+    text = path.read_text()
+    if args.check:
+        stale = stale_blocks(text, root)
+        for options in stale:
+            print(f"stale: <!-- generated: {options} -->")
+        return 1 if stale else 0
+    path.write_text(regenerate(text, root))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
