@@ -304,6 +304,22 @@ def test_a_weight_used_outside_its_layer_in_f_linear_is_followed():
     check(Bypass(), torch.randn(4, 6, generator=g), torch.tensor([0, 1, 2, 0]))
 
 
+def test_a_block_of_a_weights_rows_used_outside_its_layer_is_clipped_with_the_layer():
+    """``F.linear(z, fc.weight[2:])`` beside ``fc`` itself (and the rows of an Embedding's table scored the same
+    way): the product covers rows 2.. of the weight only; cross terms over the shared rows."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc, self.head = nn.Embedding(7, 6), nn.Linear(6, 6), nn.Linear(4, 3)
+
+        def forward(self, ids):
+            h = self.fc(self.emb(ids))
+            return self.head((F.linear(torch.tanh(h), self.fc.weight[2:]) + F.linear(h, self.emb.weight[3:])).mean(1))
+
+    g = torch.Generator().manual_seed(7)
+    check(Block(), torch.randint(0, 7, (4, 5), generator=g), torch.tensor([0, 1, 2, 0]))
+
+
 def test_gradient_unseen_by_hooks_is_refused():
     class Sneaky(nn.Module):
         def __init__(self):

@@ -222,7 +222,7 @@ def rows(parts: list[tuple[Tensor, Tensor, Tensor | None]], batch: int) -> Rows:
         a.append(ai.reshape(-1, ai.shape[-1]))
         g.append(gi.reshape(-1, gi.shape[-1]))
         index.append(ii)
-    return Rows(torch.cat(a), torch.cat(g), torch.cat(index), batch)
+    return Rows(*(t[0] if len(t) == 1 else torch.cat(t) for t in (a, g, index)), batch)
 
 
 def rows_sq_norms(r: Rows) -> Tensor:

@@ -229,16 +229,20 @@ class Tape:
             done = self._checked(calls, batch, self.param_name(self.params[key]), packed=True)
             if not done:
                 continue
-            rows_of_p = self.params[key].shape[0]
-            sides = [_widen((c.saved[0], c.grad) if c.role.x_left else (c.grad, c.saved[0]), c.role.rows, rows_of_p)
-                     for c in done]
+            total = self.params[key].shape[0]
+            spans = {c.role.rows or (0, total) for c in done}
+            sides = [(c.saved[0], c.grad) if c.role.x_left else (c.grad, c.saved[0]) for c in done]
+            if len(spans) > 1:                          # different row blocks: each placed among the parameter's rows
+                sides = [_widen(side, c.role.rows, total) for side, c in zip(sides, done)]
+                spans = {(0, total)}
+            (start, _), = spans
             if any(c.index is not None for c in done):
                 r = rows([(right, left, c.index) for (left, right), c in zip(sides, done)], batch)
-                out[key] = Product(r.g, r.a, r.index, batch)
+                out[key] = Product(r.g, r.a, r.index, batch, start, total)
             else:
                 lefts, rights = [as_sequence(left) for left, _ in sides], [as_sequence(right) for _, right in sides]
                 out[key] = Product(torch.cat(lefts, 1) if len(lefts) > 1 else lefts[0],
-                                   torch.cat(rights, 1) if len(rights) > 1 else rights[0])
+                                   torch.cat(rights, 1) if len(rights) > 1 else rights[0], None, batch, start, total)
         return out
 
     def check_explained(self, params: Iterable[nn.Parameter], batch: int) -> None:

@@ -42,12 +42,15 @@ from clbench.privacy.rules import (
 @dataclass
 class Product:
     """``∇P_i = L_iᵀ R_i``: ``left: (B, T, r)``, ``right: (B, T, c)``, or packed rows ``left: (N, r)``,
-    ``right: (N, c)`` of samples ``index: (N,)``."""
+    ``right: (N, c)`` of samples ``index: (N,)``; ``left``'s ``r`` columns are the rows ``start .. start + r`` of
+    ``P`` (``∇P_i`` is zero on the others; ``total``: ``P``'s number of rows, None: ``r``)."""
 
     left: Tensor
     right: Tensor
     index: Tensor | None = None
     batch: int = 0
+    start: int = 0
+    total: int | None = None
 
     def rows(self) -> Rows:
         return Rows(self.right, self.left, self.index, self.batch)
@@ -56,7 +59,17 @@ class Product:
         return rows_sq_norms(self.rows()) if self.index is not None else matmul_sq_norms(self.right, self.left)
 
     def weighted(self, w: Tensor) -> Tensor:
-        return rows_weighted(self.rows(), w) if self.index is not None else matmul_weighted(self.right, self.left, w)
+        """``Σ_i w_i ∇P_i``, the full ``(total, c)`` parameter shape."""
+        value = rows_weighted(self.rows(), w) if self.index is not None else matmul_weighted(self.right, self.left, w)
+        total = self.total or value.shape[0]
+        if total == value.shape[0]:
+            return value
+        return torch.cat([value.new_zeros(self.start, value.shape[1]), value,
+                          value.new_zeros(total - self.start - value.shape[0], value.shape[1])])
+
+    def span(self, lo: int, hi: int) -> Tensor:
+        """``left``'s columns for the rows ``lo .. hi`` of ``P`` (within its own)."""
+        return self.left[..., lo - self.start:hi - self.start]
 
 
 @dataclass
@@ -94,11 +107,15 @@ def forms(owners: list[tuple[nn.Module, str, str]]) -> None:
 
 
 def _lookup_product(u: Lookup, v: Product) -> Tensor:
+    ids, g = u.ids - v.start, u.g                   # the product's columns; ids outside its rows contribute 0
+    inside = (ids >= 0) & (ids < v.left.shape[-1])
+    if not bool(inside.all()):
+        ids, g = ids.clamp(0, v.left.shape[-1] - 1), g * inside.unsqueeze(-1).to(g.dtype)
     if v.index is None:
-        picked = torch.gather(v.left, 2, u.ids.unsqueeze(1).expand(-1, v.left.shape[1], -1))       # (B, S, T)
-        return (picked * torch.bmm(v.right, u.g.transpose(1, 2))).sum((1, 2))
-    picked = torch.gather(v.left, 1, u.ids[v.index])                                               # (N, T)
-    inner = torch.bmm(v.right.unsqueeze(1), u.g[v.index].transpose(1, 2)).squeeze(1)               # (N, T)
+        picked = torch.gather(v.left, 2, ids.unsqueeze(1).expand(-1, v.left.shape[1], -1))         # (B, S, T)
+        return (picked * torch.bmm(v.right, g.transpose(1, 2))).sum((1, 2))
+    picked = torch.gather(v.left, 1, ids[v.index])                                                 # (N, T)
+    inner = torch.bmm(v.right.unsqueeze(1), g[v.index].transpose(1, 2)).squeeze(1)                 # (N, T)
     return v.left.new_zeros(v.batch).index_add_(0, v.index, (picked * inner).sum(1))
 
 
@@ -111,11 +128,15 @@ def _product_product(u: Product, v: Product) -> Tensor:
     if u.index is not None or v.index is not None:
         raise UnsupportedLayerError("a parameter used in two matrix products, one of them on packed rows: "
                                     "per-sample norms support packed rows of a parameter's only product use.")
-    tu, tv, r, c = u.left.shape[1], v.left.shape[1], u.left.shape[2], u.right.shape[2]
+    lo, hi = max(u.start, v.start), min(u.start + u.left.shape[-1], v.start + v.left.shape[-1])
+    if hi <= lo:
+        return u.left.new_zeros(len(u.left))
+    left_u, left_v = u.span(lo, hi), v.span(lo, hi)
+    tu, tv, r, c = left_u.shape[1], left_v.shape[1], hi - lo, u.right.shape[2]
     if tu * tv * (r + c) < (tu + tv) * r * c:
-        return (torch.bmm(u.left, v.left.transpose(1, 2)) * torch.bmm(u.right, v.right.transpose(1, 2))).sum((1, 2))
+        return (torch.bmm(left_u, left_v.transpose(1, 2)) * torch.bmm(u.right, v.right.transpose(1, 2))).sum((1, 2))
     return torch.cat([(torch.bmm(lu.transpose(1, 2), ru) * torch.bmm(lv.transpose(1, 2), rv)).sum((1, 2))
-                      for lu, ru, lv, rv in zip(*(t.split(GRAM_CHUNK) for t in (u.left, u.right, v.left, v.right)))])
+                      for lu, ru, lv, rv in zip(*(t.split(GRAM_CHUNK) for t in (left_u, u.right, left_v, v.right)))])
 
 
 def cross(u: Form, v: Form) -> Tensor:
