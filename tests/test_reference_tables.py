@@ -96,3 +96,13 @@ def test_the_diag_table_reads_the_diagonal_of_the_accuracy_matrix(two_suites):
     steps = " / ".join(f"{100 * record['accuracy_matrix'][i][i]:.1f}" for i in range(5))
     table = render({"suite": "der_params", "table": "diag"}, two_suites)
     assert "| split_mnist | der_params | 1 |" in table and steps in table
+
+
+def test_the_removals_table_pairs_each_seeds_accuracy_after_with_before(tmp_path):
+    shutil.copytree(RECORDS / "unlearning", tmp_path / "unlearning", ignore=shutil.ignore_patterns("plots"))
+    removals = [json.loads(p.read_text()) for p in
+                sorted((tmp_path / "unlearning" / "removals").glob("*taft_shards_N25__s*__subtract__touchhalf.json"))]
+    change = [r["accuracy_after"] - r["accuracy_before"] for r in removals]
+    table = render({"suite": "unlearning", "table": "removals"}, tmp_path)
+    row = next(line for line in table.splitlines() if line.startswith("| taft_shards_N25 | touchhalf | subtract |"))
+    assert len(removals) == 3 and f"| {sum(change) / 3:+.2f} ± " in row

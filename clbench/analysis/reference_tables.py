@@ -17,6 +17,8 @@ The opening marker names the records (``suite``: the folder ``<root>/<suite>/run
 - ``diag``: per scenario and row, ``diag = mean_i R[i, i]`` (accuracy on each step just after training it;
   mean ± sample std over seeds) beside ``last_acc``, and ``R[i, i]`` step by step: how well each step is learned,
   and whether a row learned its new classes at all.
+- ``removals``: the suite's removal records (``run_bench.py forget``, ``<suite>/removals/*.json``): per row,
+  request and mode, the accuracy before and after removing shards and the paired change with its 95% half-width.
 
 :func:`regenerate` rewrites every block from the records; :func:`stale_blocks` lists the blocks whose committed
 text differs from what the records give (tests/test_reference_tables.py fails on any).
@@ -26,6 +28,7 @@ text differs from what the records give (tests/test_reference_tables.py fails on
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -35,7 +38,7 @@ import numpy as np
 
 from clbench import leaderboard
 from clbench import records as record_files
-from clbench.analysis.paired import paired, row_label, scenario_label
+from clbench.analysis.paired import Paired, paired, row_label, scenario_label
 from clbench.metrics import SUMMARIES
 
 BLOCK = re.compile(r"(<!-- generated: (?P<options>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
@@ -118,14 +121,38 @@ def diag_table(records: list[dict], options: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def removals_table(records: list[dict], options: dict[str, str]) -> str:
+    """The removal records of ``run_bench.py forget`` (``<suite>/removals/*.json``, one per run, request and mode),
+    per (row, request, mode): seeds, shards left, accuracy before and after (mean) and the paired change
+    ``after − before`` with its 95% half-width over the seeds."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for path in sorted((Path(options["root"]) / options["suite"] / "removals").glob("*.json")):
+        removal = json.loads(path.read_text())
+        groups.setdefault((removal["strategy"], removal["request"], removal["mode"]), []).append(removal)
+    if not groups:
+        raise ValueError(f"{Path(options['root']) / options['suite'] / 'removals'}: no removal records")
+    lines = ["| row | request | mode | seeds | shards left | accuracy before | after | after − before |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (row, request, mode), members in sorted(groups.items()):
+        change = Paired(request, f"{row} after", f"{row} before", "accuracy", tuple(range(len(members))),
+                        tuple(m["accuracy_after"] - m["accuracy_before"] for m in members))
+        left = sorted({m["shards_left"] for m in members})
+        lines.append(f"| {row} | {request} | {mode} | {len(members)} | {', '.join(map(str, left))} | "
+                     f"{np.mean([m['accuracy_before'] for m in members]):.2f} | "
+                     f"{np.mean([m['accuracy_after'] for m in members]):.2f} | "
+                     f"{change.mean:+.2f} ± {change.half_width:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[list[dict], dict[str, str]], str]] = {
-    "leaderboard": leaderboard_table, "paired": paired_table, "diag": diag_table}
+    "leaderboard": leaderboard_table, "paired": paired_table, "diag": diag_table, "removals": removals_table}
 """Table kinds a generated block may name: ``(records, marker options) -> markdown``."""
 
 
 def render(options: dict[str, str], root: Path) -> str:
     """The markdown of one block: its table kind on the records of its suite (and scenario)."""
-    return TABLES[options["table"]](_records(root, options["suite"], options.get("scenario")), options)
+    return TABLES[options["table"]](_records(root, options["suite"], options.get("scenario")),
+                                    {**options, "root": str(root)})
 
 
 def regenerate(text: str, root: Path) -> str:
