@@ -175,7 +175,9 @@ def matmul_sq_norms(a: Tensor, g: Tensor) -> Tensor:
 
 
 def matmul_weighted(a: Tensor, g: Tensor, w: Tensor) -> Tensor:
-    """``Σ_i w_i G_iᵀ A_i: (p, d)``, one GEMM over the ``B·T`` rows."""
+    """``Σ_i w_i G_iᵀ A_i: (p, d)``, one GEMM over the ``B·T`` rows (the narrower operand scaled by ``w``)."""
+    if g.shape[-1] > a.shape[-1]:
+        return g.flatten(0, 1).t() @ (a * w[:, None, None]).flatten(0, 1)
     return (g * w[:, None, None]).flatten(0, 1).t() @ a.flatten(0, 1)
 
 
@@ -235,7 +237,9 @@ def rows_sq_norms(r: Rows) -> Tensor:
 
 
 def rows_weighted(r: Rows, w: Tensor) -> Tensor:
-    """``Σ_i w_i ∇W_i = Σ_r w_{s(r)} g_r a_rᵀ: (p, d)``, one GEMM over the rows."""
+    """``Σ_i w_i ∇W_i = Σ_r w_{s(r)} g_r a_rᵀ: (p, d)``, one GEMM over the rows (the narrower side scaled)."""
+    if r.g.shape[-1] > r.a.shape[-1]:
+        return r.g.t() @ (r.a * w[r.index, None])
     return (r.g * w[r.index, None]).t() @ r.a
 
 
