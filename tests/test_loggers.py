@@ -228,12 +228,12 @@ def test_the_run_draws_its_members_rows_when_it_trained_none_itself(tmp_path):
     from clbench.callbacks import CallbackContext
     from clbench.loggers import TrainingLog
 
+    run = TrainingLog()                                      # set up before its members train, as in a run
+    run.setup(CallbackContext(run_id="r", artifacts=tmp_path))
     member = TrainingLog()
     member.setup(CallbackContext(run_id="r", artifacts=tmp_path, member="shard0"))
     member.write({"member": "shard0", "experience": None, "epoch": 0, "step": 0, "batches": 2, "loss": 1.0, "lr": 0.1})
     member.close()
     assert not (tmp_path / CURVE_FILE).exists()              # members leave the drawing to the run
-    run = TrainingLog()
-    run.setup(CallbackContext(run_id="r", artifacts=tmp_path))
     run.close()
     assert (tmp_path / CURVE_FILE).stat().st_size > 0 and len(read_log(tmp_path)) == 1
