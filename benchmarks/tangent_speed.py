@@ -144,7 +144,7 @@ def main() -> None:
 
     data = torch.randn(args.samples, 3, args.img, args.img)
     labels = torch.randint(0, 100, (args.samples,))
-    settings = FitSettings(epochs=1, batch_size=args.batch, lr=1e-3)
+    settings = FitSettings(epochs=1, batch_size=args.batch, schedule=1e-3)
     student = linearize(vit, last_blocks=1)
 
     def objective(logits, y):

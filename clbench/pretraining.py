@@ -3,7 +3,8 @@
 private fine-tuning).
 
 It trains through the one loop, :func:`clbench.training.fit_dataset` (the scenario's train augmentation per sample,
-AdamW, torch's ``OneCycleLR`` stepped per minibatch with 10% warm-up), so every callback reaches it: the non-finite
+AdamW, the one-cycle :class:`~clbench.training.Schedule` per minibatch with 10% warm-up: torch's ``OneCycleLR``
+rates and β1), so every callback reaches it: the non-finite
 loss guard always, and any :data:`~clbench.callbacks.CALLBACKS` entry given (loggers, ``hook_trace``, ``dual_form``).
 After each epoch the source test accuracy (the experiences' test sets, predicted among their own classes) is
 reported. ``run_bench.py pretrain`` (:mod:`clbench.commands.pretrain`) is its command line.
@@ -22,16 +23,16 @@ from torch.utils.data import ConcatDataset, DataLoader
 
 from clbench.callbacks import Callback, CallbackContext, CallbackList, CallbackSpec
 from clbench.registry import MODELS, SCENARIOS
-from clbench.training import FitSettings, fit_dataset
+from clbench.training import FitSettings, Schedule, fit_dataset
 
-WARMUP_FRACTION = 0.1      # OneCycleLR's pct_start: the share of the steps spent warming up to ``lr``
+WARMUP_FRACTION = 0.1      # the share of the steps spent warming up to ``lr`` (OneCycleLR's pct_start)
 
 
 @dataclass(frozen=True)
 class Pretraining:
     """What to pretrain: the ``vit`` built with ``model_args`` on the training experiences ``experiences`` of the
     scenario ``scenario`` (built with ``seed`` and ``scenario_args``), ``epochs`` of minibatches of ``batch_size``,
-    AdamW with peak ``lr`` and ``weight_decay``; ``seed`` also seeds the model and the minibatch order."""
+    AdamW with peak ``lr`` (one cycle) and ``weight_decay``; ``seed`` also seeds the model and the minibatch order."""
 
     scenario: str
     experiences: tuple[int, ...]
@@ -44,7 +45,9 @@ class Pretraining:
     seed: int = 0
 
     def settings(self) -> FitSettings:
-        return FitSettings(self.epochs, self.batch_size, self.lr, "adamw", self.weight_decay)
+        return FitSettings(self.epochs, self.batch_size,
+                           Schedule(self.lr, per="step", warmup=WARMUP_FRACTION, decay="one_cycle"), "adamw",
+                           self.weight_decay)
 
 
 def source_accuracy(model: nn.Module, datasets: Iterable, classes: Tensor) -> float:
@@ -93,12 +96,9 @@ def pretrain(setup: Pretraining, callbacks: Iterable[CallbackSpec] = (), artifac
                               setup.epochs, report)
     hooks.callbacks.append(accuracy)
 
-    def one_cycle(optimizer: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LRScheduler:
-        return torch.optim.lr_scheduler.OneCycleLR(optimizer, setup.lr, total_steps=total, pct_start=WARMUP_FRACTION)
-
     model.train()
     fit_dataset(model, model, model.parameters(), train, nn.functional.cross_entropy, setup.settings(), setup.seed,
-                hooks, scheduler=one_cycle)
+                hooks)
     hooks.close()
     return model, accuracy.accuracies
 

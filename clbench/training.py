@@ -1,16 +1,19 @@
-"""The one training loop for strategies that are not Avalanche templates, and the optimizers every loop builds from.
+"""The one training loop for strategies that are not Avalanche templates, the one learning-rate schedule of every
+loop, and the optimizers every loop builds from.
 
 :func:`fit` minimizes an objective over shuffled minibatches of in-memory tensors and fires the
 :mod:`clbench.callbacks` hooks (``on_batch_start``, ``after_forward`` — which also fails the run on a non-finite
 loss —, ``after_backward``, ``after_step``), exactly as :class:`~clbench.callbacks.CallbackPlugin` does inside an
-Avalanche template. Tangent members, NLFT, pretraining (:func:`fit_dataset`, over a dataset with per-sample
-augmentation) and future non-template strategies train through it.
+Avalanche template. Tangent members, NLFT, sequence models, pretraining (:func:`fit_dataset`, over a dataset with
+per-sample augmentation) and future non-template strategies train through it.
 
-:func:`step_decay` is the one step schedule (lr drops at each milestone epoch, as torch's ``MultiStepLR``), used
-here and by :class:`clbench.cl.Phase`.
+:class:`Schedule` is the one learning-rate schedule (warm-up, then milestone steps, cosine, linear decay or one
+cycle; per epoch or per step). A strategy writes its ``lr`` into a Schedule once; :func:`build_optimizer` starts the
+optimizer at it and the loop sets every epoch's or step's rate from it (:meth:`Schedule.apply`): :func:`fit` here,
+:class:`clbench.cl.PhasedTemplate` for DyTox, DER and PETL, pretraining through :func:`fit_dataset`.
 
 :data:`OPTIMIZERS` is the one table of optimizers (``sgd``, ``adam``, ``adamw``) for both kinds of loop:
-``OPTIMIZERS.get(name)(params, lr=..., weight_decay=..., momentum=...)``.
+``OPTIMIZERS.get(name)(params, lr=..., weight_decay=..., momentum=...)``, called by :func:`build_optimizer`.
 """
 
 from __future__ import annotations
@@ -28,18 +31,127 @@ from clbench.registry import Registry
 
 OPTIMIZERS: Registry = Registry("optimizer")
 
-StepScheduler = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
-"""``scheduler(optimizer, total_steps)`` -> a torch scheduler stepped after every optimizer step."""
+ONE_CYCLE_DIV = (25.0, 1e4)         # one cycle starts at lr / 25 and ends at lr / 25 / 1e4 (torch's OneCycleLR)
+ONE_CYCLE_MOMENTUM = (0.85, 0.95)   # β1 (or SGD momentum) from 0.95 down to 0.85 at the peak and back
 
 
-def step_decay(lr: float, epoch: int, milestones: Iterable[int], decay: float) -> float:
-    """The step schedule of every loop: ``lr_e = lr · decay^{|{m ∈ milestones : m ≤ e}|}`` for 0-based epoch ``e``.
+def _anneal_cos(start: float, end: float, pct: float) -> float:
+    """Cosine from ``start`` (``pct = 0``) to ``end`` (``pct = 1``): ``end + (start − end)/2 · (cos(π·pct) + 1)``."""
+    return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
 
-    The rate drops AT each milestone epoch, as torch's ``MultiStepLR`` stepped once per epoch (and Avalanche's
-    ``LRSchedulerPlugin`` around it) does: milestone 30 trains epochs 0-29 at ``lr`` and epoch 30 on at
-    ``lr·decay``. A recipe written "decay after epoch k" (0-based, ``k < e``; the official TAFT code's ``step``
-    schedule) is milestone ``k + 1``."""
-    return lr * decay ** sum(m <= epoch for m in milestones)
+
+@dataclass(frozen=True)
+class Schedule:
+    r"""The learning rate of every optimizer step of one training pass; the strategy gives its ``lr`` here once.
+
+    ``per="epoch"``: one rate per epoch ``e`` of the pass's ``E`` epochs, set before the epoch's first step;
+    ``per="step"``: one rate per optimizer step ``s`` of its ``T = E·⌈n/B⌉`` steps, set before the step. With
+    ``u`` the epoch or step and ``U`` their number, a warm-up of ``W`` units comes first:
+
+    - per epoch (timm's): ``warmup = W`` whole epochs from ``warmup_lr``, ``lr_e = warmup_lr + e·(lr − warmup_lr)/W``
+      (the ramp at the epoch's start: epoch 0 trains at ``warmup_lr``, epoch ``W`` at the full rate);
+    - per step (Ding et al.'s): ``warmup = w`` a fraction of the steps, ``W = ⌈w·T⌉``,
+      ``lr_s = warmup_lr + (lr − warmup_lr)·(s+1)/W`` (the ramp at the step's end: step ``W−1`` trains at ``lr``).
+
+    then, for ``u ≥ W``, the ``decay``:
+
+    - ``"step"``: ``lr·gamma^{|{m ∈ milestones : m ≤ u}|}``: the rate drops AT each milestone, as torch's
+      ``MultiStepLR`` (milestone 30 trains units 0-29 at ``lr``; a recipe's "after epoch k" is milestone ``k + 1``);
+      no milestones: constant ``lr``;
+    - ``"cosine"``: ``min_lr + ½(lr − min_lr)(1 + cos(π·u/U))`` (timm's, ``u`` counted from the pass's start);
+    - ``"linear"``: ``lr·(U − u)/(U − W)``, down to 0 at ``U``;
+    - ``"one_cycle"`` (torch's ``OneCycleLR``, per step; it brings its own warm-up): with ``P = w·T − 1``, for
+      ``s ≤ P`` a cosine from ``lr/25`` to ``lr`` at ``s/P``, then a cosine from ``lr`` to ``lr/25/10⁴`` at
+      ``(s − P)/(T − 1 − P)``; the momentum (Adam's β1, SGD's momentum) cycles inversely, 0.95 → 0.85 → 0.95
+      (:meth:`momentum_at`).
+    """
+
+    lr: float
+    per: str = "epoch"
+    warmup: float = 0
+    warmup_lr: float = 0.0
+    decay: str = "step"
+    milestones: tuple[int, ...] = ()
+    gamma: float = 0.1
+    min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        problem = (
+            f"per is 'epoch' or 'step', got {self.per!r}" if self.per not in ("epoch", "step") else
+            f"decay is one of {sorted(DECAYS)}, got {self.decay!r}" if self.decay not in DECAYS else
+            f"a per-step warm-up is a fraction of the steps in [0, 1), got {self.warmup}"
+            if self.per == "step" and not 0 <= self.warmup < 1 else
+            f"a per-epoch warm-up is a whole number of epochs, got {self.warmup}"
+            if self.per == "epoch" and (self.warmup < 0 or self.warmup != int(self.warmup)) else
+            f"milestones are for decay 'step', not {self.decay!r}" if self.milestones and self.decay != "step" else
+            "decay 'one_cycle' is per step (its warm-up is a fraction of the steps)"
+            if self.decay == "one_cycle" and self.per != "step" else "")
+        if problem:
+            raise ValueError(f"Schedule: {problem}.")
+        object.__setattr__(self, "milestones", tuple(self.milestones))
+
+    def warmup_units(self, units: int) -> int:
+        """``W``: the epochs (per epoch) or steps (per step, ``⌈w·T⌉``) of the linear warm-up."""
+        return int(self.warmup) if self.per == "epoch" else math.ceil(self.warmup * units)
+
+    def lr_at(self, unit: int, units: int) -> float:
+        """The rate of epoch or step ``unit`` (0-based) of a pass of ``units``."""
+        if self.per == "step" and not 0 <= unit < units:
+            raise ValueError(f"step {unit} of a pass planned for {units} steps: a per-step schedule needs the "
+                             f"loop's ⌈n/batch_size⌉ minibatches per epoch (a callback's batch plan drew more).")
+        warm = 0 if self.decay == "one_cycle" else self.warmup_units(units)   # one cycle brings its own warm-up
+        if unit >= warm:
+            return DECAYS[self.decay](self, unit, units, warm)
+        if self.per == "epoch":
+            return self.warmup_lr + unit * (self.lr - self.warmup_lr) / warm
+        return self.warmup_lr + (self.lr - self.warmup_lr) * ((unit + 1) / warm)
+
+    def momentum_at(self, unit: int, units: int) -> float | None:
+        """The momentum of ``unit`` where the schedule cycles it (``one_cycle``), else None (the optimizer's own)."""
+        return _one_cycle(self, unit, units)[1] if self.decay == "one_cycle" else None
+
+    def apply(self, optimizer: torch.optim.Optimizer, unit: int, units: int) -> None:
+        """Set the rate (and a cycled momentum: β1 of an optimizer with ``betas``, else ``momentum``) of every
+        parameter group of ``optimizer`` for ``unit`` of ``units``."""
+        lr, momentum = self.lr_at(unit, units), self.momentum_at(unit, units)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+            if momentum is not None and "betas" in optimizer.defaults:
+                group["betas"] = (momentum, *group["betas"][1:])
+            elif momentum is not None:
+                group["momentum"] = momentum
+
+
+def _one_cycle(schedule: Schedule, step: int, steps: int) -> tuple[float, float]:
+    """``(lr, momentum)`` of ``step`` of ``steps`` under torch's ``OneCycleLR(max_lr=lr, total_steps=steps,
+    pct_start=warmup)``, computed as torch computes them (cosine annealing; the peak at the float step
+    ``P = warmup·T − 1``)."""
+    div, final_div = ONE_CYCLE_DIV
+    low, high = ONE_CYCLE_MOMENTUM
+    start = schedule.lr / div
+    peak = float(schedule.warmup * steps) - 1
+    if step <= peak:
+        pct = step / peak
+        return _anneal_cos(start, schedule.lr, pct), _anneal_cos(high, low, pct)
+    pct = (step - peak) / ((steps - 1) - peak)
+    return _anneal_cos(schedule.lr, start / final_div, pct), _anneal_cos(low, high, pct)
+
+
+DECAYS: dict[str, Callable[[Schedule, int, int, int], float]] = {
+    "step": lambda s, u, units, warm: s.lr * s.gamma ** sum(m <= u for m in s.milestones),
+    "cosine": lambda s, u, units, warm: s.min_lr + 0.5 * (s.lr - s.min_lr) * (1 + math.cos(math.pi * u / units)),
+    "linear": lambda s, u, units, warm: s.lr * ((units - u) / (units - warm)),
+    "one_cycle": lambda s, u, units, warm: _one_cycle(s, u, units)[0],
+}
+"""The decays after the warm-up (:class:`Schedule`): ``(schedule, unit, units, W) -> lr``."""
+
+
+def build_optimizer(name: str, params: Iterable, schedule: Schedule, weight_decay: float = 0.0,
+                    momentum: float = 0.9) -> torch.optim.Optimizer:
+    """``OPTIMIZERS.get(name)(params, lr=schedule.lr, ...)``: every loop's optimizer, started at the schedule's
+    ``lr``; the loop then sets each epoch's or step's rate with :meth:`Schedule.apply` before it trains.
+    ``params``: parameters or parameter groups (a group's own ``weight_decay`` wins over ``weight_decay``)."""
+    return OPTIMIZERS.get(name)(params, lr=schedule.lr, weight_decay=weight_decay, momentum=momentum)
 
 
 @OPTIMIZERS.register("sgd")
@@ -61,38 +173,23 @@ def adamw(params: Iterable, lr: float, weight_decay: float = 0.0, momentum: floa
 
 @dataclass(frozen=True)
 class FitSettings:
-    """``epochs`` over minibatches of ``batch_size``; per-epoch step schedule :func:`step_decay` ``lr_e = lr ·
-    lr_decay^{|{m ∈ lr_milestones : m ≤ e}|}`` for 0-based epoch ``e`` (no milestones: constant lr).
-    With ``warmup = w`` instead, the rate changes every step (:meth:`lr_at_step`): a linear warm-up over the first
-    ``W = ⌈w·T⌉`` of the ``T = epochs·⌈n/batch_size⌉`` steps, then a linear decay to 0 (Ding et al.'s recipe)."""
+    """``epochs`` over minibatches of ``batch_size``, the optimizer ``optimizer`` (an :data:`OPTIMIZERS` name) with
+    ``weight_decay`` and ``momentum``, its rate from ``schedule`` (a number ``lr`` is the constant ``Schedule(lr)``;
+    per step, the pass has ``T = epochs·⌈n/batch_size⌉`` steps)."""
 
     epochs: int
     batch_size: int
-    lr: float
+    schedule: Schedule | float
     optimizer: str = "adam"
     weight_decay: float = 0.0
-    lr_milestones: tuple[int, ...] = ()
-    lr_decay: float = 0.1
     momentum: float = 0.9
-    warmup: float | None = None
 
     def __post_init__(self) -> None:
-        if self.warmup is not None and (not 0 <= self.warmup < 1 or self.lr_milestones):
-            raise ValueError(f"warmup (a fraction of the steps in [0, 1)) replaces lr_milestones; got warmup "
-                             f"{self.warmup} with milestones {self.lr_milestones}.")
-
-    def lr_at(self, epoch: int) -> float:
-        return step_decay(self.lr, epoch, self.lr_milestones, self.lr_decay)
-
-    def lr_at_step(self, step: int, total: int) -> float:
-        """Warm-up then linear decay, 0-based ``step`` of ``total``: ``lr·(s+1)/W`` for ``s < W = ⌈w·T⌉``, then
-        ``lr·(T−s)/(T−W)``."""
-        warm = math.ceil(self.warmup * total)
-        return self.lr * ((step + 1) / warm if step < warm else (total - step) / (total - warm))
+        if not isinstance(self.schedule, Schedule):
+            object.__setattr__(self, "schedule", Schedule(float(self.schedule)))
 
     def make_optimizer(self, params: Iterable) -> torch.optim.Optimizer:
-        return OPTIMIZERS.get(self.optimizer)(params, lr=self.lr, weight_decay=self.weight_decay,
-                                              momentum=self.momentum)
+        return build_optimizer(self.optimizer, params, self.schedule, self.weight_decay, self.momentum)
 
 
 def fit(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[nn.Parameter], inputs: Tensor,
@@ -117,12 +214,10 @@ def fit(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[
 
 def fit_dataset(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[nn.Parameter],
                 dataset: Dataset, objective: Callable[[Tensor, Tensor], Tensor], settings: FitSettings, seed: int,
-                callbacks: CallbackList | None = None, scheduler: StepScheduler | None = None) -> int:
+                callbacks: CallbackList | None = None) -> int:
     """:func:`fit` over a map-style ``dataset`` of ``(x, y, *rest)`` samples whose transforms run per sample (a
     scenario's train augmentation, drawn from the global RNG): epoch ``e`` is a ``DataLoader`` shuffled by a generator
-    seeded ``seed + e`` (or the callbacks' batch plan, drawn from that generator). ``scheduler(optimizer, T)``, if
-    given, builds a torch scheduler stepped after each of the ``T = epochs·⌈n/batch_size⌉`` optimizer steps, in
-    place of ``settings``' per-epoch schedule (e.g. ``OneCycleLR``); it needs the loop's fixed-size minibatches."""
+    seeded ``seed + e`` (or the callbacks' batch plan, drawn from that generator)."""
 
     def epoch_batches(plan: BatchPlan | None, epoch: int) -> Iterator[tuple[Tensor, Tensor]]:
         generator = torch.Generator().manual_seed(seed + epoch)
@@ -134,32 +229,28 @@ def fit_dataset(model: nn.Module, forward: Callable[[Tensor], Tensor], params: I
         for x, y, *_ in loader:
             yield x, y
 
-    return _loop(model, forward, params, len(dataset), epoch_batches, objective, settings, callbacks, scheduler)
+    return _loop(model, forward, params, len(dataset), epoch_batches, objective, settings, callbacks)
 
 
 def _loop(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[nn.Parameter], n: int,
           epoch_batches: Callable[[BatchPlan | None, int], Iterable[tuple[Tensor, Tensor]]],
-          objective: Callable[[Tensor, Tensor], Tensor], settings: FitSettings, callbacks: CallbackList | None,
-          scheduler: StepScheduler | None = None) -> int:
+          objective: Callable[[Tensor, Tensor], Tensor], settings: FitSettings, callbacks: CallbackList | None) -> int:
     """The loop of :func:`fit` and :func:`fit_dataset`: ``epoch_batches(plan, epoch)`` yields the minibatches
-    ``(x, y)`` of one epoch over ``n`` samples (``plan``: the callbacks' batch plan, or None)."""
+    ``(x, y)`` of one epoch over ``n`` samples (``plan``: the callbacks' batch plan, or None). The rate comes from
+    ``settings.schedule``: set before each epoch or before each of the ``T = epochs·⌈n/batch_size⌉`` steps (a
+    callback's batch plan, such as dp's Poisson sampling, draws ⌈n/batch_size⌉ minibatches per epoch too)."""
     callbacks = callbacks if callbacks is not None else CallbackList()
     params = list(params)
     optimizer = settings.make_optimizer(params)
     plan = callbacks.batch_sampler(n, settings.batch_size, settings.epochs)
-    if scheduler is not None and (plan is not None or settings.warmup is not None):
-        raise ValueError("a per-step scheduler needs fixed-size minibatches and no warmup setting; a callback "
-                         "(such as dp's Poisson sampling) replaced them, or warmup is set: use one schedule.")
-    per_step = scheduler(optimizer, settings.epochs * math.ceil(n / settings.batch_size)) if scheduler else None
+    schedule, total = settings.schedule, settings.epochs * math.ceil(n / settings.batch_size)
     steps = 0
     for epoch in range(settings.epochs):
-        if per_step is None:
-            for group in optimizer.param_groups:
-                group["lr"] = settings.lr_at(epoch)
+        if schedule.per == "epoch":
+            schedule.apply(optimizer, epoch, settings.epochs)
         for x, y in epoch_batches(plan, epoch):
-            if settings.warmup is not None:
-                for group in optimizer.param_groups:
-                    group["lr"] = settings.lr_at_step(steps, settings.epochs * math.ceil(n / settings.batch_size))
+            if schedule.per == "step":
+                schedule.apply(optimizer, steps, total)
             callbacks.on_batch_start(x, y)
             loss = objective(forward(x), y)
             callbacks.after_forward(loss)
@@ -168,11 +259,9 @@ def _loop(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterabl
             callbacks.after_backward(model)
             optimizer.step()
             callbacks.after_step(optimizer)
-            if per_step is not None:
-                per_step.step()
             steps += 1
         callbacks.on_epoch_end(epoch)
     return steps
 
 
-__all__ = ["OPTIMIZERS", "FitSettings", "StepScheduler", "fit", "fit_dataset", "step_decay"]
+__all__ = ["DECAYS", "OPTIMIZERS", "FitSettings", "Schedule", "build_optimizer", "fit", "fit_dataset"]

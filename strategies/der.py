@@ -35,7 +35,6 @@ Not reproduced: the official warm-up's classifier reset at the end of warm-up, a
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -58,7 +57,7 @@ from clbench.models.classifier import build_backbone
 from clbench.models.der import DERNet, DEROutput, der_linear
 from clbench.protocol import ClassificationInfo
 from clbench.registry import STRATEGIES
-from clbench.training import OPTIMIZERS
+from clbench.training import Schedule, build_optimizer
 from clbench.typecheck import RangeChecked
 
 
@@ -149,16 +148,16 @@ def task_phase(config: DERConfig, t: int) -> Phase:
     the frozen old extractors from ``t = 1`` on."""
     first = t == 0
     epochs = config.first_epochs if first and config.first_epochs is not None else config.epochs
-    return Phase(epochs=epochs, lr=config.lr,
-                 warmup_epochs=0 if first else config.warmup_epochs, lr_decay=config.lr_decay,
-                 milestones=config.first_milestones if first else config.milestones,
-                 task_losses=not first and config.aux_lambda > 0, freeze_old_tasks=not first)
+    schedule = Schedule(config.lr, warmup=0 if first else config.warmup_epochs,
+                        milestones=config.first_milestones if first else config.milestones, gamma=config.lr_decay)
+    return Phase(epochs=epochs, schedule=schedule, task_losses=not first and config.aux_lambda > 0,
+                 freeze_old_tasks=not first)
 
 
 def retrain_phase(config: DERConfig) -> Phase:
     """The classifier learning stage: memory only, every extractor frozen, step schedule."""
-    return dataclasses.replace(balanced_finetuning(config.retrain_epochs, config.retrain_lr),
-                               milestones=config.retrain_milestones, lr_decay=config.lr_decay)
+    return balanced_finetuning(config.retrain_epochs, Schedule(config.retrain_lr, milestones=config.retrain_milestones,
+                                                               gamma=config.lr_decay))
 
 
 # ----------------------------------------------------------------------------------------------------- template
@@ -203,19 +202,20 @@ class DERTemplate(PhasedTemplate):
         return model
 
     def make_optimizer(self, **kwargs) -> None:
-        """``config.optimizer`` over the trainable parameters (and the auxiliary head in a task phase). Avalanche
-        also calls this once before the first expansion, when there is nothing to optimize yet: skipped."""
+        """``config.optimizer`` over the trainable parameters (and the auxiliary head in a task phase), at the
+        phase's schedule. Avalanche also calls this once before the first expansion, when there is nothing to
+        optimize yet: skipped."""
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         if not trainable:
             return
         cfg = self.config
         if self.phase.memory_only:
-            make = partial(OPTIMIZERS.get(cfg.optimizer), weight_decay=cfg.retrain_weight_decay)
+            weight_decay = cfg.retrain_weight_decay
         else:
-            make = partial(OPTIMIZERS.get(cfg.optimizer), weight_decay=cfg.weight_decay)
+            weight_decay = cfg.weight_decay
             if self.aux_head is not None:
                 trainable += list(self.aux_head.to(self.device).parameters())
-        self.optimizer = make(trainable, lr=self.phase.lr, momentum=cfg.momentum)
+        self.optimizer = build_optimizer(cfg.optimizer, trainable, self.phase.schedule, weight_decay, cfg.momentum)
 
     def _before_training_iteration(self, **kwargs) -> None:
         """With ``prune``: the new extractor's mask scale ``s`` annealed over the epoch's batches."""

@@ -57,6 +57,7 @@ from clbench.cl import (
 from clbench.models.dytox import ARCHS, DyToxArch, DyToxNet, DyToxOutput, TaskClassifier
 from clbench.protocol import ScenarioInfo
 from clbench.registry import STRATEGIES
+from clbench.training import Schedule, build_optimizer
 from clbench.typecheck import RangeChecked
 
 
@@ -207,14 +208,14 @@ def task_phase(config: DyToxConfig, t: int) -> Phase:
     """Task ``t`` on ``D_t ∪ M``: warm-up + cosine lr; from ``t = 1`` on, distillation and divergence head
     (``task_losses``) and the old task tokens and classifiers frozen."""
     epochs = config.first_epochs if t == 0 and config.first_epochs is not None else config.epochs
-    return Phase(epochs=epochs, lr=config.lr * config.batch_size / 512, warmup_epochs=config.warmup_epochs,
-                 warmup_lr=config.warmup_lr, min_lr=config.min_lr, cosine=True, task_losses=t > 0,
-                 freeze_old_tasks=t > 0)
+    schedule = Schedule(config.lr * config.batch_size / 512, warmup=config.warmup_epochs, warmup_lr=config.warmup_lr,
+                        decay="cosine", min_lr=config.min_lr)
+    return Phase(epochs=epochs, schedule=schedule, task_losses=t > 0, freeze_old_tasks=t > 0)
 
 
 def finetune_phase(config: DyToxConfig) -> Phase:
     """Balanced fine-tuning on the memory, encoder frozen, constant lr ``finetune_lr · bs / 512``."""
-    return balanced_finetuning(config.finetune_epochs, config.finetune_lr * config.batch_size / 512)
+    return balanced_finetuning(config.finetune_epochs, Schedule(config.finetune_lr * config.batch_size / 512))
 
 
 # ----------------------------------------------------------------------------------------------------- template
@@ -250,13 +251,14 @@ class DyToxTemplate(PhasedTemplate):
         return super().model_adaptation(model)
 
     def make_optimizer(self, **kwargs) -> None:
-        """AdamW over the trainable parameters (and the divergence head while distilling); no weight decay on
-        biases and other 1-D parameters, as timm's ``create_optimizer`` does for the official model."""
+        """AdamW over the trainable parameters (and the divergence head while distilling), at the phase's schedule;
+        no weight decay on biases and other 1-D parameters, as timm's ``create_optimizer`` does for the official
+        model (the groups carry their own weight decay)."""
         trainable = nn.ModuleDict({"net": self.model})
         if self.div_head is not None and self.phase.task_losses:
             trainable["div"] = self.div_head.to(self.device)
         groups = param_groups_weight_decay(trainable, self.config.weight_decay)
-        self.optimizer = torch.optim.AdamW(groups, lr=self.phase.lr)
+        self.optimizer = build_optimizer("adamw", groups, self.phase.schedule, self.config.weight_decay)
 
     # -- one iteration ------------------------------------------------------------------------------------------
     def _before_forward(self, **kwargs) -> None:

@@ -43,7 +43,7 @@ from clbench.petl.methods import unused_fields
 from clbench.privacy.step import PrivateTraining
 from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
 from clbench.registry import MODELS, STRATEGIES
-from clbench.training import OPTIMIZERS
+from clbench.training import OPTIMIZERS, Schedule, build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class PETLTemplate(PhasedTemplate):
     only the trainable parameters (the PETL set and the head); a fresh optimizer per experience."""
 
     def __init__(self, *, model: PETLClassifier, config: PETLStrategyConfig, memory, device: torch.device) -> None:
-        super().__init__(model=model, memory=memory, phase=Phase(epochs=config.epochs, lr=config.lr),
+        super().__init__(model=model, memory=memory, phase=Phase(epochs=config.epochs, schedule=Schedule(config.lr)),
                          batch_size=config.batch_size, eval_batch_size=config.eval_batch_size, device=device)
         self.config = config
 
@@ -182,8 +182,7 @@ class PETLTemplate(PhasedTemplate):
 
     def make_optimizer(self, **kwargs) -> None:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = OPTIMIZERS.get(self.config.optimizer)(params, lr=self.config.lr,
-                                                               weight_decay=self.config.weight_decay)
+        self.optimizer = build_optimizer(self.config.optimizer, params, self.phase.schedule, self.config.weight_decay)
 
     def criterion(self) -> Tensor:
         return F.cross_entropy(self.mb_output, self.mb_y)

@@ -27,7 +27,7 @@ from clbench.privacy.reattention import ACTIVATIONS, ATTENTIONS, ErrorPrior
 from clbench.privacy.step import PrivateTraining
 from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
 from clbench.registry import STRATEGIES
-from clbench.training import OPTIMIZERS, FitSettings, fit
+from clbench.training import OPTIMIZERS, FitSettings, Schedule, fit
 from clbench.typecheck import RangeChecked
 
 
@@ -143,7 +143,8 @@ class SequentialRecommender(StrategyBase):
         if c.attention == "reattention":
             frequency = item_frequency(data.x, self.model.n_items, dp, c.prior_noise)
             self.model.set_error_prior(ErrorPrior(c.sigma_dp or 0.0, c.batch_size, frequency, c.error_scale))
-        settings = FitSettings(c.epochs, c.batch_size, c.lr, c.optimizer, c.weight_decay, warmup=c.warmup)
+        schedule = Schedule(c.lr) if c.warmup is None else Schedule(c.lr, per="step", warmup=c.warmup, decay="linear")
+        settings = FitSettings(c.epochs, c.batch_size, schedule, c.optimizer, c.weight_decay)
         last = c.loss_positions
         if last is not None and last > y.shape[1]:
             raise ValueError(f"loss_positions {last} exceeds the windows' length {y.shape[1]}.")

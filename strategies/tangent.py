@@ -36,7 +36,7 @@ from clbench.tangent import ShardComposition, cache_prefix, delta_hash, lineariz
 from clbench.tangent.losses import tangent_objective
 from clbench.tangent.members import MemberJob, train_delta, train_tail
 from clbench.tangent.tail import TailModel
-from clbench.training import OPTIMIZERS, FitSettings, fit
+from clbench.training import OPTIMIZERS, FitSettings, Schedule, fit
 from clbench.typecheck import RangeChecked
 
 WEIGHTINGS = ("uniform", "samples")
@@ -82,8 +82,9 @@ class FineTuneConfig(RangeChecked):
 
     @property
     def fit_settings(self) -> FitSettings:
-        return FitSettings(self.epochs, self.batch_size, self.lr, self.optimizer, self.weight_decay,
-                           self.lr_milestones, self.lr_decay)
+        return FitSettings(self.epochs, self.batch_size,
+                           Schedule(self.lr, milestones=self.lr_milestones, gamma=self.lr_decay), self.optimizer,
+                           self.weight_decay)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from clbench.callbacks import CALLBACKS, Callback, CallbackContext, CallbackList
 from clbench.errors import NonFiniteLossError
 from clbench.executors import LocalExecutor
 from clbench.suite_file import parse_suite
-from clbench.training import FitSettings, fit, fit_dataset
+from clbench.training import FitSettings, Schedule, fit, fit_dataset
 
 SYNTHETIC = {"n_classes": 4, "n_experiences": 2, "train_per_class": 12, "test_per_class": 4}
 LOOPS = {   # one strategy per loop kind, tiny
@@ -132,9 +132,9 @@ def test_unknown_callback_or_argument_is_a_load_time_error():
         _suite({"naive": LOOPS["naive"]}, [{"name": "hook_trace", "args": {"batch": 3}}])
 
 
-def test_fit_dataset_takes_a_callbacks_batch_plan_and_refuses_a_per_step_scheduler_with_it():
-    """fit_dataset (pretraining's loop) draws the minibatches a callback plans, and a per-step scheduler, which
-    needs the loop's fixed-size minibatches, is refused with one line."""
+def test_fit_dataset_takes_a_callbacks_batch_plan_and_refuses_more_steps_than_a_per_step_schedule_planned():
+    """fit_dataset (pretraining's loop) draws the minibatches a callback plans; a per-step schedule, planned for
+    ⌈n/batch_size⌉ minibatches per epoch, refuses a step past them with one line."""
     seen = []
 
     class Plan(Callback):
@@ -151,6 +151,7 @@ def test_fit_dataset_takes_a_callbacks_batch_plan_and_refuses_a_per_step_schedul
     steps = fit_dataset(model, model, model.parameters(), data, lambda out, y: out.sum(), FitSettings(2, 8, 0.1), 0,
                         callbacks)
     assert steps == 4 and seen == [[5, 6], [7], [5, 6], [7]]
-    with pytest.raises(ValueError, match="per-step scheduler needs fixed-size minibatches"):
-        fit_dataset(model, model, model.parameters(), data, lambda out, y: out.sum(), FitSettings(1, 8, 0.1), 0,
-                    callbacks, scheduler=lambda optimizer, total: torch.optim.lr_scheduler.ConstantLR(optimizer))
+    per_step = Schedule(0.1, per="step", decay="linear")
+    with pytest.raises(ValueError, match="step 1 of a pass planned for 1 steps"):
+        fit_dataset(model, model, model.parameters(), data, lambda out, y: out.sum(), FitSettings(1, 8, per_step), 0,
+                    callbacks)

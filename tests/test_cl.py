@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from clbench.callbacks import Callback, CallbackList
 from clbench.cl import (
     MEMORIES,
     BudgetExceeded,
@@ -38,7 +39,7 @@ from clbench.config import build_config
 from clbench.errors import ConfigError
 from clbench.registry import SCENARIOS, UnknownNameError
 from clbench.streams import experience_dataset
-from clbench.training import FitSettings
+from clbench.training import FitSettings, Schedule, build_optimizer, fit
 
 
 @pytest.fixture(autouse=True)
@@ -260,8 +261,8 @@ class TinyTemplate(PhasedTemplate):
     """A plain classifier ``classifier(extractor(x))`` trained through phases."""
 
     def __init__(self, model: nn.Sequential, memory) -> None:
-        super().__init__(model=model, memory=memory, phase=Phase(epochs=1, lr=0.1), batch_size=16, eval_batch_size=16,
-                         device=torch.device("cpu"))
+        super().__init__(model=model, memory=memory, phase=Phase(epochs=1, schedule=Schedule(0.1)), batch_size=16,
+                         eval_batch_size=16, device=torch.device("cpu"))
         self.seen_lrs: list[float] = []
         self.trained_on: list[int] = []
 
@@ -269,7 +270,8 @@ class TinyTemplate(PhasedTemplate):
         return self.model.extractor
 
     def make_optimizer(self, **kwargs) -> None:
-        self.optimizer = torch.optim.SGD([p for p in self.model.parameters() if p.requires_grad], lr=self.phase.lr)
+        self.optimizer = build_optimizer("sgd", [p for p in self.model.parameters() if p.requires_grad],
+                                         self.phase.schedule)
 
     def criterion(self) -> torch.Tensor:
         return nn.functional.cross_entropy(self.mb_output, self.mb_y)
@@ -300,10 +302,10 @@ def test_balanced_finetuning_trains_the_classifier_on_the_memory_with_the_extrac
     memory = build_memory("class_balanced", 12)
     template = TinyTemplate(model, memory)
     exps = list(synthetic.train_stream)
-    finetune = balanced_finetuning(epochs=2, lr=0.05)
+    finetune = balanced_finetuning(epochs=2, schedule=Schedule(0.05))
     assert not template.run_phase(finetune, exps[0])                       # nothing to balance after task 1
     for exp in exps:
-        template.run_phase(Phase(epochs=1, lr=0.1), exp)
+        template.run_phase(Phase(epochs=1, schedule=Schedule(0.1)), exp)
         memory.update(exp.dataset)
     extractor, classifier = state(model.extractor), state(model.classifier)
     template.seen_lrs, template.trained_on = [], []
@@ -313,17 +315,17 @@ def test_balanced_finetuning_trains_the_classifier_on_the_memory_with_the_extrac
     assert template.trained_on == [len(memory)] * 2 == [12, 12]            # the memory only, every epoch
     assert template.seen_lrs == [0.05, 0.05]
     assert not any(p.requires_grad for p in model.extractor.parameters())  # as trained, until the next phase
-    template.run_phase(Phase(epochs=1, lr=0.1), exps[1])                    # the next phase unfreezes it
+    template.run_phase(Phase(epochs=1, schedule=Schedule(0.1)), exps[1])   # the next phase unfreezes it
     assert changed(extractor, model.extractor)
     assert all(p.requires_grad for p in model.extractor.parameters())
 
 
 def test_phase_learning_rate_schedule():
-    phase = Phase(epochs=10, lr=1.0, warmup_epochs=2, warmup_lr=0.0, min_lr=0.1, cosine=True)
+    phase = Phase(epochs=10, schedule=Schedule(1.0, warmup=2, warmup_lr=0.0, decay="cosine", min_lr=0.1))
     assert [phase.lr_at(e) for e in (0, 1)] == [0.0, 0.5]
     assert phase.lr_at(2) == pytest.approx(0.1 + 0.45 * (1 + np.cos(np.pi * 0.2)))
     assert phase.lr_at(10) == pytest.approx(0.1)
-    assert balanced_finetuning(3, 0.01).lr_at(2) == 0.01
+    assert balanced_finetuning(3, Schedule(0.01)).lr_at(2) == 0.01
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -371,8 +373,8 @@ def test_dytox_takes_its_memory_by_name(synthetic):
 
 
 def test_one_step_schedule_matches_torch_multisteplr_in_both_loops():
-    """Phase (templates) and FitSettings (training.fit) share step_decay: the lr drops AT each milestone epoch, as
-    torch's MultiStepLR stepped once per epoch does (the reference here)."""
+    """The one Schedule's milestones: the lr drops AT each milestone epoch, as torch's MultiStepLR stepped once per
+    epoch does (the reference here), in a phase (templates) and in FitSettings (training.fit) alike."""
     milestones, epochs = (0, 2, 3, 5), 7
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.4)
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(milestones), gamma=0.5)
@@ -381,8 +383,78 @@ def test_one_step_schedule_matches_torch_multisteplr_in_both_loops():
         reference.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    phase = Phase(epochs=epochs, lr=0.4, milestones=milestones, lr_decay=0.5)
-    settings = FitSettings(epochs=epochs, batch_size=1, lr=0.4, lr_milestones=milestones, lr_decay=0.5)
-    assert [phase.lr_at(e) for e in range(epochs)] == pytest.approx(reference, rel=1e-12)
-    assert [settings.lr_at(e) for e in range(epochs)] == pytest.approx(reference, rel=1e-12)
+    schedule = Schedule(0.4, milestones=milestones, gamma=0.5)
+    phase = Phase(epochs=epochs, schedule=schedule)
+    settings = FitSettings(epochs=epochs, batch_size=1, schedule=schedule)
+    assert [phase.lr_at(e) for e in range(epochs)] == reference
+    assert [settings.schedule.lr_at(e, epochs) for e in range(epochs)] == reference
     assert reference[2] == pytest.approx(0.1)                          # milestone 2: epoch 2 already decayed
+
+
+# ------------------------------------------------------------------------------------------------ schedule
+def test_schedule_by_hand_per_epoch_and_per_step():
+    """Per epoch (timm): warm-up from warmup_lr, the ramp at the epoch's start; per step (Ding et al.): the ramp at
+    the step's end, W = ⌈w·T⌉; the decays after it."""
+    assert [Schedule(1.0, warmup=4, warmup_lr=0.2).lr_at(e, 6) for e in range(6)] == pytest.approx(
+        [0.2, 0.4, 0.6, 0.8, 1.0, 1.0])
+    linear = Schedule(0.8, per="step", warmup=0.2, decay="linear")           # T = 6: W = ⌈1.2⌉ = 2
+    assert [linear.lr_at(s, 6) for s in range(6)] == pytest.approx([0.4, 0.8, 0.8, 0.6, 0.4, 0.2])
+    cosine = Schedule(1.0, per="step", decay="cosine", min_lr=0.5)
+    assert [cosine.lr_at(s, 4) for s in range(4)] == pytest.approx([1.0, 0.5 + 0.25 * (1 + 0.5 ** 0.5), 0.75,
+                                                                    0.5 + 0.25 * (1 - 0.5 ** 0.5)])
+    assert Schedule(0.3, per="step", milestones=(2,), gamma=0.5).lr_at(2, 4) == 0.15
+    assert linear.momentum_at(0, 6) is None
+
+
+def test_one_cycle_is_torch_one_cycle_in_rate_and_momentum_for_adam_and_sgd():
+    for name, key in (("adamw", "betas"), ("sgd", "momentum")):
+        for total in (7, 30, 41):
+            mine = build_optimizer(name, [nn.Parameter(torch.zeros(1))], Schedule(0.5))
+            theirs = build_optimizer(name, [nn.Parameter(torch.zeros(1))], Schedule(0.5))
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(theirs, 0.5, total_steps=total, pct_start=0.1)
+            schedule = Schedule(0.5, per="step", warmup=0.1, decay="one_cycle")
+            for step in range(total):
+                schedule.apply(mine, step, total)
+                assert mine.param_groups[0]["lr"] == theirs.param_groups[0]["lr"]
+                assert mine.param_groups[0][key] == theirs.param_groups[0][key]
+                theirs.step()
+                scheduler.step()
+
+
+def test_fit_sets_the_rate_before_every_step_and_refuses_more_steps_than_planned():
+    rates = []
+
+    class Rates(Callback):
+        def after_step(self, optimizer):
+            rates.append(optimizer.param_groups[0]["lr"])
+
+    callbacks = CallbackList()
+    callbacks.callbacks.append(Rates())
+    model = nn.Linear(2, 1)
+    data = torch.randn(10, 2), torch.randn(10, 1)
+    schedule = Schedule(0.8, per="step", warmup=0.2, decay="linear")
+    assert fit(model, model, model.parameters(), *data, lambda out, y: (out - y).pow(2).mean(),
+               FitSettings(2, 4, schedule, "sgd"), 0, callbacks) == 6
+    assert rates == [schedule.lr_at(s, 6) for s in range(6)]
+
+    class MorePlan(Callback):
+        def batch_sampler(self, n, batch_size, epochs):
+            return lambda generator: [torch.tensor([0, 1]), torch.tensor([2])]
+
+    callbacks.callbacks.append(MorePlan())          # 2 minibatches per epoch where ⌈10/16⌉ = 1 was planned
+    with pytest.raises(ValueError, match="step 1 of a pass planned for 1 steps"):
+        fit(model, model, model.parameters(), *data, lambda out, y: (out - y).pow(2).mean(),
+            FitSettings(1, 16, schedule, "sgd"), 0, callbacks)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"per": "batch"}, "per is 'epoch' or 'step'"),
+    ({"decay": "exp"}, "decay is one of"),
+    ({"per": "step", "warmup": 1.0}, r"fraction of the steps in \[0, 1\)"),
+    ({"warmup": 2.5}, "whole number of epochs"),
+    ({"decay": "cosine", "milestones": (2,)}, "milestones are for decay 'step'"),
+    ({"decay": "one_cycle"}, "'one_cycle' is per step"),
+])
+def test_schedule_refuses_settings_that_mean_nothing(values, message):
+    with pytest.raises(ValueError, match=message):
+        Schedule(0.1, **values)

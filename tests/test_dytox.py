@@ -250,12 +250,12 @@ def test_paper_defaults_and_learning_rates():
     cfg = build_config("dytox")
     assert (cfg.mem_size, cfg.epochs, cfg.batch_size, cfg.weight_decay) == (2000, 500, 128, 1e-6)
     assert (cfg.kd_tau, cfg.div_lambda, cfg.finetune_epochs, cfg.warmup_epochs) == (1.0, 0.1, 20, 5)
-    assert task_phase(cfg, 0).lr == pytest.approx(5e-4 * 128 / 512)
-    assert finetune_phase(cfg).lr == pytest.approx(5e-5 * 128 / 512)
+    assert task_phase(cfg, 0).schedule.lr == pytest.approx(5e-4 * 128 / 512)
+    assert finetune_phase(cfg).schedule.lr == pytest.approx(5e-5 * 128 / 512)
     phase = task_phase(cfg, 3)
     assert phase.task_losses and phase.freeze_old_tasks and not task_phase(cfg, 0).task_losses
     assert phase.lr_at(0) == pytest.approx(cfg.warmup_lr)
-    assert phase.lr_at(5) < phase.lr
+    assert phase.lr_at(5) < phase.schedule.lr
     assert finetune_phase(cfg).freeze_extractor and finetune_phase(cfg).memory_only
 
 

@@ -182,9 +182,9 @@ def test_automatic_clipping_of_the_tied_model_equals_a_vmap_per_sample_normaliza
 
 def test_warmup_then_linear_decay_by_hand_and_in_the_loop():
     """T = 2 epochs · ⌈10/4⌉ = 6 steps, warm-up 0.2 -> W = ⌈1.2⌉ = 2: lr·(1/2, 2/2, 4/4, 3/4, 2/4, 1/4)."""
-    from clbench.training import FitSettings, fit
-    settings = FitSettings(epochs=2, batch_size=4, lr=0.8, optimizer="sgd", warmup=0.2)
-    assert [settings.lr_at_step(s, 6) for s in range(6)] == pytest.approx([0.4, 0.8, 0.8, 0.6, 0.4, 0.2])
+    from clbench.training import FitSettings, Schedule, fit
+    settings = FitSettings(2, 4, Schedule(0.8, per="step", warmup=0.2, decay="linear"), optimizer="sgd")
+    assert [settings.schedule.lr_at(s, 6) for s in range(6)] == pytest.approx([0.4, 0.8, 0.8, 0.6, 0.4, 0.2])
     seen = []
     from clbench.callbacks import Callback, CallbackList
 
@@ -198,8 +198,8 @@ def test_warmup_then_linear_decay_by_hand_and_in_the_loop():
     fit(model, model, model.parameters(), torch.randn(10, 2), torch.randn(10, 1),
         lambda out, y: (out - y).pow(2).mean(), settings, 0, callbacks)
     assert seen == pytest.approx([0.4, 0.8, 0.8, 0.6, 0.4, 0.2])
-    with pytest.raises(ValueError, match="replaces lr_milestones"):
-        FitSettings(epochs=2, batch_size=4, lr=0.8, warmup=0.2, lr_milestones=(1,))
+    with pytest.raises(ValueError, match="milestones are for decay 'step'"):
+        Schedule(0.8, per="step", warmup=0.2, decay="linear", milestones=(1,))
     with pytest.raises(ValueError, match=r"warmup must be in \[0, 1\)"):
         STRATEGIES.get("seqrec").Config(warmup=1.0)
 

@@ -10,7 +10,7 @@ from clbench import tasks
 from clbench.config import build_config
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.tangent import average_deltas
-from clbench.training import FitSettings, fit
+from clbench.training import FitSettings, Schedule, fit
 from tests._fakes import fake_ray
 
 TINY = {"model_args": {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}, "epochs": 1}
@@ -139,17 +139,16 @@ def test_non_linear_members_have_no_tangent_cls_token():
 def test_step_schedule_follows_the_official_formula():
     """lr_e = lr · decay^{|{m : m ≤ e}|} (0-based epochs, torch's MultiStepLR): the full preset's milestone 26 decays
     epochs 26-29 of 30, as the released code's "after epoch 25" does."""
-    settings = FitSettings(epochs=30, batch_size=32, lr=1e-3, lr_milestones=build_config("taft", "full").lr_milestones,
-                           lr_decay=0.1)
-    assert [settings.lr_at(e) for e in (0, 25, 26, 29)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-4])
-    assert FitSettings(epochs=3, batch_size=8, lr=0.5).lr_at(2) == 0.5
+    schedule = build_config("taft", "full").fit_settings.schedule
+    assert [schedule.lr_at(e, 30) for e in (0, 25, 26, 29)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-4])
+    assert FitSettings(epochs=3, batch_size=8, schedule=0.5).schedule.lr_at(2, 3) == 0.5
 
 
 def test_fit_applies_the_schedule_per_epoch():
     """Adam moves a parameter by exactly lr per step under a constant gradient: 2 steps at lr 1.0 (epoch 0), then 2
     at 0.1 (epoch 1, from milestone 1 on) give w = 2.2."""
     w = torch.nn.Parameter(torch.zeros(()))
-    settings = FitSettings(epochs=2, batch_size=2, lr=1.0, optimizer="adam", lr_milestones=(1,), lr_decay=0.1)
+    settings = FitSettings(epochs=2, batch_size=2, schedule=Schedule(1.0, milestones=(1,), gamma=0.1), optimizer="adam")
     steps = fit(torch.nn.ParameterList([w]), lambda x: x.sum(1) * w, [w], torch.ones(4, 1), torch.zeros(4),
                 lambda out, y: -out.mean(), settings, seed=0)
     assert steps == 4 and float(w) == pytest.approx(2.2, rel=1e-6)

@@ -2,9 +2,11 @@
 
 :class:`PhasedTemplate` is Avalanche's ``SupervisedTemplate`` set up once for all of them: no loggers and no
 evaluation inside the template (the runner's evaluator scores every strategy the same way), a placeholder optimizer
-and criterion (a subclass builds the real optimizer in ``make_optimizer`` when an experience starts and computes its
-loss in :meth:`PhasedTemplate.criterion`), Avalanche's "No loggers specified" notice and deprecation noise silenced,
-and one :class:`~clbench.cl.finetune.Phase` trained per :meth:`PhasedTemplate.run_phase` call.
+and criterion (a subclass builds the real optimizer in ``make_optimizer`` when an experience starts, with
+:func:`clbench.training.build_optimizer` from the phase's schedule, and computes its loss in
+:meth:`PhasedTemplate.criterion`), Avalanche's "No loggers specified" notice and deprecation noise silenced, and one
+:class:`~clbench.cl.finetune.Phase` trained per :meth:`PhasedTemplate.run_phase` call, at the rates of its
+:class:`~clbench.training.Schedule` (set here, per epoch or per step).
 
 :class:`PhasedStrategy` is the strategy side shared by DyTox and DER: a class-incremental network whose output has
 ``.logits`` over every class seen, a rehearsal memory filled from :meth:`PhasedStrategy.features`, and the template
@@ -37,10 +39,12 @@ class PhasedTemplate(SupervisedTemplate):
     - model adaptation: Avalanche's, then the :meth:`feature_extractor` frozen for a ``freeze_extractor`` phase
       (:func:`freeze`). It stays frozen after the phase (parameter counts taken after the step see the state
       the phase trained in) and is restored when the next phase starts;
-    - every epoch: the learning rate of every optimizer group set to ``phase.lr_at(epoch)``.
+    - the rate of every optimizer group set from ``phase.schedule`` before every epoch (``per="epoch"``) or every
+      step (``per="step"``, ``T = epochs · len(dataloader)``).
 
-    A subclass defines :meth:`make_optimizer` (over the parameters a phase trains), :meth:`criterion` (the loss of
-    ``self.mb_output`` against ``self.mb_y``) and, if it has a freezing phase, :meth:`feature_extractor`.
+    A subclass defines :meth:`make_optimizer` (:func:`~clbench.training.build_optimizer` over the parameters a phase
+    trains, with ``self.phase.schedule``), :meth:`criterion` (the loss of ``self.mb_output`` against ``self.mb_y``)
+    and, if it has a freezing phase, :meth:`feature_extractor`.
     """
 
     def __init__(self, *, model: nn.Module, memory: Memory, phase: Phase, batch_size: int, eval_batch_size: int,
@@ -61,6 +65,8 @@ class PhasedTemplate(SupervisedTemplate):
         raise NotImplementedError(f"{type(self).__name__} must define feature_extractor()")
 
     def make_optimizer(self, **kwargs) -> None:
+        """``self.optimizer = build_optimizer(name, parameters, self.phase.schedule, ...)`` over what the phase
+        trains."""
         raise NotImplementedError(f"{type(self).__name__} must define make_optimizer()")
 
     def criterion(self) -> Tensor:
@@ -101,9 +107,14 @@ class PhasedTemplate(SupervisedTemplate):
 
     def _before_training_epoch(self, **kwargs) -> None:
         super()._before_training_epoch(**kwargs)
-        lr = self.phase.lr_at(self.clock.train_exp_epochs)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        if self.phase.schedule.per == "epoch":
+            self.phase.schedule.apply(self.optimizer, self.clock.train_exp_epochs, self.phase.epochs)
+
+    def _before_training_iteration(self, **kwargs) -> None:
+        if self.phase.schedule.per == "step":
+            self.phase.schedule.apply(self.optimizer, self.clock.train_exp_iterations,
+                                      self.phase.epochs * len(self.dataloader))
+        super()._before_training_iteration(**kwargs)
 
 
 class PhasedStrategy(StrategyBase):
