@@ -186,6 +186,13 @@ def test_claims_that_name_the_suite_come_from_the_nearest_reference(tmp_path):
     assert html_report.claims(out, ["other"]) is None
 
 
+def test_an_empty_runs_folder_gives_a_page_that_says_so(tmp_path):
+    """No records: the page says so (no table, no image) instead of failing."""
+    text = _write(tmp_path, []).read_text()
+    assert "<title>clbench · no runs</title>" in text and "<p>No run records.</p>" in text
+    assert "<img" not in text and '<table class="board"' not in text
+
+
 # ----------------------------------------------------------------------------------------------------- browser
 def _high(fd: int) -> int:
     """``fd`` moved to a number of at least 10."""
