@@ -85,3 +85,17 @@ def test_every_quoted_number_and_phrase_occurs_in_the_papers_text():
 def test_the_quote_check_catches_a_misquote():
     text = normalized((PAPERS / TEXTS["DyTox"]).read_text()) if PAPERS.exists() else "73.66 ± 0.02 / 60.67"
     assert "73.66" in text and "71.5" not in text
+
+
+def test_every_statistic_with_an_interval_is_one_the_records_give():
+    """Each ``a ± b`` of the statistic column (a paired mean and half-width, a relative one in %, or a mean ± std)
+    occurs in a table REFERENCE.md generates from the records (tests/test_reference_tables.py keeps those equal to
+    the records): a number typed by hand, or left behind when the records changed, fails."""
+    from clbench.analysis.reference_tables import BLOCK
+
+    text = (ROOT / "results" / "REFERENCE.md").read_text()
+    generated = " ".join(m.group("body") for m in BLOCK.finditer(text)).replace("−", "-")
+    for row in rows():
+        for mean, half in re.findall(r"([+\-−]?\d+(?:\.\d+)?%?) ± (\d+(?:\.\d+)?)", row["statistic"]):
+            statistic = f"{mean.replace('−', '-')} ± {half}"
+            assert statistic in generated, f"{statistic} is in no generated table: {row['paper']}: {row['claim']}"
