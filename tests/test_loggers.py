@@ -37,7 +37,10 @@ def logged(tmp_path_factory):
                         "callbacks": ["tensorboard", {"name": "wandb", "args": {"project": "clbench-test"}},
                                       {"name": "hook_trace"}]}]}))
     out = tmp / "out"
+    import wandb
+
     silent = os.environ.pop("WANDB_SILENT", None)
+    wandb.teardown()                 # W&B reads WANDB_SILENT at its first set-up in a process: make this one first
     with tempfile.TemporaryFile() as console:           # the process's stdout and stderr, at the descriptor level
         saved = [os.dup(1), os.dup(2)]
         os.dup2(console.fileno(), 1), os.dup2(console.fileno(), 2)
