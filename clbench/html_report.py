@@ -28,6 +28,7 @@ import re
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -116,79 +117,88 @@ def _paired(runs: list[dict], top: list[dict], column: str, scenario: str, a: st
 
 
 # -------------------------------------------------------------------------------------------------- leaderboard
-def _columns(rows: pd.DataFrame, spec: MetricSpec) -> list[tuple[str, str, str, str, bool | None]]:
-    """``(column, header, format, help, higher is better or None for costs)`` of a scenario's table: the primary
-    metric's summaries, the extras and costs that some row has."""
+class Column(NamedTuple):
+    """A column of a scenario's table: the leaderboard column ``key``, its header, number format and meaning, and
+    whether higher is better (None for a cost, which shows no std and takes no paired difference)."""
+
+    key: str
+    header: str
+    fmt: str
+    help: str
+    higher_is_better: bool | None
+    summary: bool = False           # one of the primary metric's summaries (paired in a row's detail)
+
+
+def _columns(rows: pd.DataFrame, spec: MetricSpec) -> list[Column]:
+    """The primary metric's summaries, the extras and the costs that some row of ``rows`` has."""
     decimals = leaderboard.score_decimals(spec.unit)
     unit = f" ({spec.unit})" if spec.unit else ""
-    out = []
-    for summary in SUMMARIES:
-        column = spec.column(summary)
-        if column in rows and rows[column].notna().any():
-            better = spec.higher_is_better if summary != "forgetting" else False
-            out.append((column, column, f"{{:.{decimals}f}}", f"{SUMMARY_HELP[summary]}{unit}", better))
-    for column, help_text in EXTRA_HELP.items():
-        if column in rows and rows[column].notna().any():
-            out.append((column, column, "{:.2f}", help_text, column != "epsilon"))
-    out += [(c, header, fmt, help_text, None) for c, (header, fmt, help_text) in COSTS.items()
-            if c in rows and rows[c].notna().any()]
-    return out
+    present = lambda key: key in rows and rows[key].notna().any()  # noqa: E731
+    out = [Column(spec.column(summary), spec.column(summary), f"{{:.{decimals}f}}", f"{SUMMARY_HELP[summary]}{unit}",
+                  spec.higher_is_better if summary != "forgetting" else False, summary=True)
+           for summary in SUMMARIES if present(spec.column(summary))]
+    out += [Column(key, key, "{:.2f}", help_text, key != "epsilon") for key, help_text in EXTRA_HELP.items()
+            if present(key)]
+    return out + [Column(key, header, fmt, help_text, None) for key, (header, fmt, help_text) in COSTS.items()
+                  if present(key)]
 
 
-def _cell(row: pd.Series, column: str, fmt: str, is_score: bool) -> str:
-    value = row.get(column)
+def _cell(row: pd.Series, column: Column) -> str:
+    """Mean ± std (the mean alone for a cost or one seed), the mean as the sort key."""
+    value = row.get(column.key)
     if value is None or pd.isna(value):
         return '<td data-v="">–</td>'
-    std = row.get(f"{column}_std") if is_score else None
-    spread = "" if std is None or pd.isna(std) else f' <span class="pm">± {fmt.format(std)}</span>'
-    return f'<td data-v="{float(value):.10g}">{fmt.format(value)}{spread}</td>'
+    std = row.get(f"{column.key}_std") if column.higher_is_better is not None else None
+    spread = "" if std is None or pd.isna(std) else f' <span class="pm">± {column.fmt.format(std)}</span>'
+    return f'<td data-v="{float(value):.10g}">{column.fmt.format(value)}{spread}</td>'
 
 
-def _seeds_table(runs: list[dict], columns: list[tuple]) -> str:
-    head = "".join(f"<th>{_e(header)}</th>" for _, header, *_ in columns)
+def _seeds_table(runs: list[dict], columns: list[Column]) -> str:
+    head = "".join(f"<th>{_e(c.header)}</th>" for c in columns)
     lines = [f"<table class='seeds'><tr><th>seed</th><th>status</th>{head}</tr>"]
     for r in sorted(runs, key=lambda r: r["seed"]):
         metrics = r.get("metrics") or {}
         extra = metrics.get("extra") or {}
-        cells = "".join(f"<td>{_number(metrics.get(c, extra.get(c)), fmt)}</td>" for c, _, fmt, *_ in columns)
+        cells = "".join(f"<td>{_number(metrics.get(c.key, extra.get(c.key)), c.fmt)}</td>" for c in columns)
         status = r["status"] if r["status"] == "finished" else f"{r['status']}: {r.get('reason') or '?'}"
         lines.append(f"<tr><td>{r['seed']}</td><td>{_e(status)}</td>{cells}</tr>")
     return "".join(lines) + "</table>"
 
 
-def _paired_text(pair: Paired, column: str, fmt: str, top: str, higher_is_better: bool) -> str:
-    seeds = ", ".join(str(s) for s in pair.seeds)
+def _paired_text(pair: Paired, column: Column, top: str) -> str:
+    fmt, seeds = column.fmt, ", ".join(str(s) for s in pair.seeds)
     if np.isnan(pair.half_width):
         interval = f"{fmt.format(pair.mean)} (one common seed, {seeds}: no interval)"
     else:
         low, high = pair.mean - pair.half_width, pair.mean + pair.half_width
-        better = "better" if (low > 0) == higher_is_better else "worse"
+        better = "better" if (low > 0) == column.higher_is_better else "worse"
         where = f"excludes 0: this row {better}" if low > 0 or high < 0 else "includes 0: no difference shown"
         interval = (f"{fmt.format(pair.mean)} ± {fmt.format(pair.half_width)} (95% interval {where}; "
                     f"seeds {seeds})")
-    return f"<li><code>{_e(column)}</code> this row − <code>{_e(top)}</code>: {interval}</li>"
+    return f"<li><code>{_e(column.key)}</code> this row − <code>{_e(top)}</code>: {interval}</li>"
 
 
-def _detail(row: pd.Series, runs: list[dict], top: tuple[str, list[dict]], columns: list[tuple], scenario: str,
+def _detail(row: pd.Series, runs: list[dict], top: tuple[str, list[dict]], columns: list[Column], scenario: str,
             images: dict[str, str]) -> str:
+    """What is behind a row's numbers: preset and overrides, every seed, the paired differences to the top
+    continual row ``top`` (label, records), the row's heatmaps."""
     strategy = row["strategy"]
     parts = [f"<p><b>preset</b> {_e(row['preset'])} · <b>overrides</b> {_e(row['overrides'])}"
              f"{' · <b>machine</b> ' + _e(row['machine']) if row.get('machine') else ''}</p>",
              "<h4>Every seed</h4>", _seeds_table(runs, columns)]
-    scores = [(c, fmt, better) for c, _, fmt, _, better in columns if better is not None and c not in EXTRA_HELP]
     if top[0] == strategy:
         parts.append("<p>This is the scenario's top continual row: the other rows' paired differences are taken "
                      "to it.</p>")
     else:
-        pairs = [(c, fmt, better, pair) for c, fmt, better in scores
-                 if (pair := _paired(runs, top[1], c, scenario, strategy, top[0]))]
-        items = "".join(_paired_text(pair, c, fmt, top[0], better) for c, fmt, better, pair in pairs)
+        pairs = [(c, pair) for c in columns if c.summary and (pair := _paired(runs, top[1], c.key, scenario,
+                                                                                   strategy, top[0]))]
+        items = "".join(_paired_text(pair, c, top[0]) for c, pair in pairs)
         parts.append(f"<h4>Paired difference to the top continual row, <code>{_e(top[0])}</code> (mean over the "
                      f"seeds both rows finished of the per-seed difference, 95% Student-t interval)</h4>"
                      + (f"<ul>{items}</ul>" if pairs else "<p>No seed with a value in common.</p>"))
-    heatmaps = [_img(uri, name) for name, uri in images.items()
-                if name.startswith(f"{report._safe(scenario)}__{report._safe(strategy)}__")
-                and name.endswith("__matrix.png")]
+    mine = {f"{report._safe(scenario)}__{report._safe(strategy)}__{report._safe(metric)}__matrix.png"
+            for r in runs if r["status"] == "finished" for metric in report.scores(r)}
+    heatmaps = [_img(uri, name) for name, uri in images.items() if name in mine]
     if heatmaps:
         parts += ["<h4>Score matrix R[i, j] (mean over seeds)</h4>", *heatmaps]
     return "".join(parts)
@@ -196,6 +206,8 @@ def _detail(row: pd.Series, runs: list[dict], top: tuple[str, list[dict]], colum
 
 def _board(scenario: str, rows: pd.DataFrame, groups: dict, spec: MetricSpec, images: dict[str, str],
            k: int) -> str:
+    """The ``k``-th scenario's sortable table: one ``<tbody>`` per leaderboard row (its line and its hidden detail,
+    so that sorting moves both), each cell's sort key in ``data-v``."""
     columns = _columns(rows, spec)
     flags = "flags" in rows and rows["flags"].fillna("").astype(str).str.len().gt(0).any()
     header = ['<th data-col="0" data-first="ascending" title="rank in the leaderboard">#</th>',
@@ -205,9 +217,9 @@ def _board(scenario: str, rows: pd.DataFrame, groups: dict, spec: MetricSpec, im
                       'title="training adequacy: the row did not learn, or had not converged">flags</th>')
     header.append(f'<th data-col="{len(header)}" data-first="descending" '
                   'title="finished seeds averaged (failed runs in brackets)">n</th>')
-    for _, name, _, help_text, better in columns:
-        first = "ascending" if better is False else "descending"
-        header.append(f'<th data-col="{len(header)}" data-first="{first}" title="{_e(help_text)}">{_e(name)}</th>')
+    for c in columns:
+        first = "ascending" if c.higher_is_better is False else "descending"
+        header.append(f'<th data-col="{len(header)}" data-first="{first}" title="{_e(c.help)}">{_e(c.header)}</th>')
     width = len(header)
     records = [r for key, rs in groups.items() if key[1] == scenario for r in rs]
     continual = rows[rows[spec.column("avg_inc")].notna()] if spec.column("avg_inc") in rows else rows
@@ -228,7 +240,7 @@ def _board(scenario: str, rows: pd.DataFrame, groups: dict, spec: MetricSpec, im
             cells.append(f'<td data-v="{_e(text)}" class="flag">{_e(text)}</td>')
         one = ' class="n1" title="one seed: no spread to show"' if row["n_seeds"] == 1 else ""
         cells.append(f'<td data-v="{row["n_seeds"]}"{one}>{_e(n)}</td>')
-        cells += [_cell(row, c, fmt, better is not None) for c, _, fmt, _, better in columns]
+        cells += [_cell(row, c) for c in columns]
         detail = _detail(row, runs, top, columns, scenario, images)
         bodies.append(f'<tbody><tr class="main">{"".join(cells)}</tr>'
                       f'<tr class="detail" hidden><td colspan="{width}">{detail}</td></tr></tbody>')
@@ -244,9 +256,9 @@ def _board(scenario: str, rows: pd.DataFrame, groups: dict, spec: MetricSpec, im
             + _glossary(columns, opened=k == 0))
 
 
-def _glossary(columns: list[tuple], opened: bool) -> str:
+def _glossary(columns: list[Column], opened: bool) -> str:
     """The columns' meanings, open under the page's first table only."""
-    items = "".join(f"<dt>{_e(name)}</dt><dd>{_e(help_text)}</dd>" for _, name, _, help_text, _ in columns)
+    items = "".join(f"<dt>{_e(c.header)}</dt><dd>{_e(c.help)}</dd>" for c in columns)
     return (f'<details class="glossary"{" open" if opened else ""}><summary>What the columns mean</summary>'
             f'<dl>{items}</dl></details>')
 
