@@ -1,8 +1,9 @@
 """The package is layered: no import cycle between clbench modules, counting every import statement — at module
-level, inside functions (a late binding is still an arrow a reader must follow) and under ``if TYPE_CHECKING:``
-(a typing-only arrow too: the module's types depend on the other's)."""
+level, inside functions (a late binding is still an arrow a reader must follow) and under ``if TYPE_CHECKING:`` (a
+typing-only arrow too: the module's types depend on the other's); and README's Layout names every module."""
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).parents[1]
@@ -93,3 +94,25 @@ def f():
 """
     known = {"clbench.metrics", "clbench.models", "clbench.models.vit", "clbench.runner", "clbench.registry"}
     assert imports_of(source, "clbench", known) == {"clbench.metrics", "clbench.models.vit", "clbench.runner"}
+
+
+def layout_paths(readme: str) -> set[str]:
+    """The module paths (``cl/template.py``) and packages (``cl/``) that README's Layout block names."""
+    block = readme.split("## Layout\n", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    return set(re.findall(r"(?<![\w/.*])(?:[a-z_]+/)*[a-z_]+\.py\b", block)) | \
+        set(re.findall(r"^([a-z_]+/) ", block, flags=re.MULTILINE))
+
+
+def test_readme_layout_names_every_module_and_only_modules_that_exist():
+    folder = REPO / "clbench"
+    modules = {str(p.relative_to(folder)) for p in folder.rglob("*.py")
+               if p.name != "__init__.py" or p.parent == folder}
+    packages = {f"{p.parent.relative_to(folder)}/" for p in folder.rglob("__init__.py") if p.parent != folder}
+    listed = layout_paths((REPO / "README.md").read_text())
+    assert sorted((modules | packages) - listed) == [], "modules missing from README's Layout"
+    assert sorted(listed - modules - packages) == [], "README's Layout names modules that do not exist"
+
+
+def test_the_layout_reader_sees_paths_and_packages():
+    text = "## Layout\n```text\ncli.py api.py   x\ncl/    cl/memory.py, a.b.py `run_bench.py`\n  c/d.py\n```\n"
+    assert layout_paths(text) == {"cli.py", "api.py", "cl/", "cl/memory.py", "c/d.py", "run_bench.py"}
