@@ -7,4 +7,8 @@ import os
 # Takes effect only when set before torch first loads OpenMP; an explicit user setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from clbench import optional  # noqa: E402 - after the environment setting above
+
+optional.install()      # a missing or broken wandb/tensorboard breaks only their callbacks (clbench.optional)
+
 __version__ = "0.1.0"

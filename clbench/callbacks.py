@@ -333,6 +333,13 @@ class HookTrace(Callback):
         self.batches = batches
         self.seen = 0
 
+    def setup(self, context: CallbackContext) -> None:
+        """In the run's own process, an earlier attempt's ``hooks.jsonl`` is removed: the file holds this run's
+        hooks only (its members append theirs after this)."""
+        super().setup(context)
+        if context.artifacts is not None and not context.member:
+            (context.artifacts / "hooks.jsonl").unlink(missing_ok=True)
+
     def _write(self, hook: str, **fields: Any) -> None:
         if self.context.artifacts is None:
             return

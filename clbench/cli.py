@@ -77,7 +77,23 @@ def _prog() -> str:
     return "python -m clbench" if name == "__main__.py" else name or "clbench"
 
 
+SIGPIPE_EXIT = 128 + 13
+"""The exit code of a command whose output pipe closed (``clbench list | head -1``): the shell's for SIGPIPE."""
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run the command line ``argv``; its exit code. A closed output pipe ends it quietly, as other Unix tools do."""
+    try:
+        return _main(argv, prog)
+    except BrokenPipeError:
+        # what is still buffered for the closed pipe would raise again when Python flushes stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return SIGPIPE_EXIT
+
+
+def _main(argv: list[str] | None, prog: str | None) -> int:
     quiet_third_party_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
     early = argparse.ArgumentParser(add_help=False)

@@ -44,3 +44,37 @@ def write_atomic(path: str | Path, write: Callable[[Path], object] | str) -> Pat
             tmp.unlink(missing_ok=True)
             raise
     return path
+
+
+LOCK_FILE = ".clbench.lock"
+"""The file in an output folder that the suite writing there holds locked (:func:`locked_folder`)."""
+
+
+class FolderInUse(OutputError):
+    """An output folder that another live process is writing to (it holds :data:`LOCK_FILE`)."""
+
+
+@contextlib.contextmanager
+def locked_folder(folder: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (created) for the block: a second suite into the same folder is refused
+    with :class:`FolderInUse` naming the folder and the holder's pid, instead of both overwriting each other's
+    records. The lock is ``flock`` on ``<folder>/.clbench.lock`` (which holds the pid): the kernel drops it when its
+    process dies however it ends, so the lock of a dead process is simply taken over."""
+    import fcntl
+
+    path = Path(folder) / LOCK_FILE
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise FolderInUse(f"output folder {folder} is in use by another clbench run (pid {holder}); wait for it "
+                              f"to end or pass another --out.") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)            # releases the lock; the file stays (removing it would race with a new holder)

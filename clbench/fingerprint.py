@@ -1,9 +1,9 @@
 """The code a run depends on, as one short hash stored in its record (resume reruns a record whose code changed).
 
 :func:`code_fingerprint` hashes the strategy's module, the scenario's module and the runner core (:data:`CORE`),
-with every module of the ``clbench`` package (and of a plugin's own top-level package) they import, transitively —
-found by reading their import statements, not by importing them, so the plugin modules the registry loads by name
-stay out — and every model module
+with every module of the ``clbench`` package, of a plugin's own top-level package and from outside the installed
+trees (a plugin file's helper module beside it) they import, transitively — found by reading their import
+statements, not by importing them, so the plugin modules the registry loads by name stay out — and every model module
 (:data:`LOOKED_UP`: backbones are found by name through ``MODELS``, so no import leads to them). Modules that cannot
 change a run's numbers are left out (:data:`EXCLUDED`: the command line, leaderboard, report, progress bars,
 executors).
@@ -18,8 +18,10 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import site
 import sys
-from collections.abc import Iterable
+import sysconfig
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 PACKAGE = "clbench"
@@ -47,9 +49,41 @@ def code_fingerprint(strategy: str, scenario: str) -> str:
     return _PINNED.get((strategy, scenario)) or _computed(strategy, scenario)
 
 
+SHIPPED = ("clbench", "clbench.strategies", "clbench.scenarios")
+"""The packages of one clbench source tree: the core and the folders the installation maps below it."""
+
+
+def source_trees() -> dict[str, Path]:
+    """``{package: source tree}`` of :data:`SHIPPED`: the folder holding ``clbench/`` (or the mapped
+    ``strategies/`` / ``scenarios/``) each package is imported from (or would be, when not imported yet)."""
+    core = _package_folders(PACKAGE)[0]
+    trees = {}
+    for package in SHIPPED:
+        module = sys.modules.get(package)
+        folders = [Path(p) for p in getattr(module, "__path__", [])] if module else _package_folders(package)
+        folder = folders[0].resolve() if folders else core.resolve()
+        trees[package] = folder.parent if folder.parent != core.resolve() else core.resolve().parent
+    return trees
+
+
+def check_one_tree() -> None:
+    """Refuse (:class:`~clbench.errors.ConfigError`) code from two source trees in one process: with an editable
+    install, running from a second checkout imports ``clbench`` from it and ``clbench.strategies`` /
+    ``clbench.scenarios`` from the installed tree; the run would mix two trees' code and fingerprint neither."""
+    trees = source_trees()
+    if len(set(trees.values())) > 1:
+        from clbench.errors import ConfigError
+
+        listed = "; ".join(f"{package} from {tree}" for package, tree in trees.items())
+        raise ConfigError(f"clbench's code comes from more than one source tree ({listed}): run from the tree that "
+                          f"is installed, or install this one (pip install -e .).")
+
+
 @functools.cache
 def _computed(strategy: str, scenario: str) -> str:
     from clbench.registry import SCENARIOS, STRATEGIES
+
+    check_one_tree()
 
     looked_up = [f"{package}.{p.stem}" for package in LOOKED_UP
                  for p in sorted(_source_file(package).parent.glob("*.py")) if p.stem != "__init__"]
@@ -65,11 +99,14 @@ def fingerprint_of(modules: Iterable[str]) -> str:
 
 
 def module_files(roots: Iterable[str]) -> dict[str, Path]:
-    """``{module: source file}`` for ``roots`` (any importable modules) and every ``clbench`` module they import,
-    transitively, minus :data:`EXCLUDED`."""
+    """``{module: source file}`` for ``roots`` (any importable modules) and every module they import, transitively,
+    that is code of this project or of a plugin: ``clbench``'s (minus :data:`EXCLUDED`), the roots' own top-level
+    packages, and any module whose file lies outside the installed trees (:func:`installed`: the standard library and
+    site-packages), such as the helper module a plugin file imports from its folder."""
     found: dict[str, Path] = {}
     todo = list(roots)
-    followed = {PACKAGE} | {root.partition(".")[0] for root in todo}     # a plugin's own package is followed too
+    packages = {PACKAGE} | {root.partition(".")[0] for root in todo}     # a plugin's own package is followed too
+    follows = lambda module: module.partition(".")[0] in packages or _local(module.partition(".")[0])  # noqa: E731
     while todo:
         name = todo.pop()
         if name in found or name in EXCLUDED:
@@ -78,8 +115,30 @@ def module_files(roots: Iterable[str]) -> dict[str, Path]:
         if path is None:
             continue
         found[name] = path
-        todo += [m for m in _imports(name, path, followed) if m.partition(".")[0] in followed]
+        todo += [m for m in _imports(name, path, follows) if follows(m)]
     return found
+
+
+@functools.cache
+def _local(top: str) -> bool:
+    """Whether the top-level module ``top`` is code outside the installed trees (not the standard library, not
+    site-packages, not built in): then a run that imports it depends on it as on its own code."""
+    path = _source_file(top)
+    return path is not None and not installed(path)
+
+
+@functools.cache
+def _installed_roots() -> tuple[Path, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    roots |= set(getattr(site, "getsitepackages", list)()) | {site.getusersitepackages()}
+    return tuple(Path(r).resolve() for r in roots if r)
+
+
+def installed(path: Path) -> bool:
+    """Whether ``path`` lies in the standard library or a site-packages folder (installed code, not a project's)."""
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(root) for root in _installed_roots()) or "site-packages" in resolved.parts
 
 
 def _source_file(name: str) -> Path | None:
@@ -117,9 +176,10 @@ def _mapped_folders(package: str) -> list[Path]:
     return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
 
 
-def _imports(name: str, path: Path, followed: set[str] = frozenset({PACKAGE})) -> list[str]:
-    """Module names imported anywhere in ``path`` (``from a import b`` gives ``a.b`` when that is a module of one of
-    the ``followed`` top-level packages, else ``a``); relative imports resolved against ``name``."""
+def _imports(name: str, path: Path, follows: Callable[[str], bool] = lambda m: m.partition(".")[0] == PACKAGE
+             ) -> list[str]:
+    """Module names imported anywhere in ``path`` (``from a import b`` gives ``a.b`` when that is a module and ``a``
+    is ``follows``-ed, else ``a``); relative imports resolved against ``name``."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
     for node in ast.walk(_parse(path.read_bytes())):
@@ -130,7 +190,7 @@ def _imports(name: str, path: Path, followed: set[str] = frozenset({PACKAGE})) -
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
-            if base.partition(".")[0] in followed:
+            if follows(base):
                 out += [f"{base}.{a.name}" if _source_file(f"{base}.{a.name}") else base for a in node.names]
     return out
 

@@ -17,7 +17,8 @@ evaluation's scalars (:meth:`clbench.callbacks.Evaluation.scalars`, leaderboard 
 
 and when the run has finished, its record's ``metrics`` (the leaderboard's columns, ``extra`` ones included).
 
-- ``training_log`` (always on: the runner attaches :data:`ALWAYS_ON` to every run, outside its identity) appends one
+- ``training_log`` (always on: the runner attaches :data:`ALWAYS_ON` to every run, outside its identity) starts the
+  files of the run afresh (an interrupted or replaced attempt's rows are removed when the run starts) and appends one
   JSON line per row to ``<artifacts>/training_log.jsonl`` and the same row to ``<artifacts>/training_log.csv``
   (shard members trained elsewhere append their own rows, with their ``member`` key), one JSON line per evaluation
   (``{"step": i, <scalars>}``) to ``<artifacts>/evaluation_log.jsonl``, and, when the run ends, draws the training
@@ -25,7 +26,7 @@ and when the run has finished, its record's ``metrics`` (the leaderboard's colum
 - ``tensorboard`` writes the rows as scalars ``loss`` and ``lr`` (``<member>/loss`` for a member) against the
   logged epoch, the evaluations as ``eval/<scalar>`` against the training step ``i``, and the summary as
   ``final/<column>`` at the last step, through ``torch.utils.tensorboard`` into ``<artifacts>/tensorboard/`` (extra
-  ``tensorboard``);
+  ``tensorboard``; an earlier attempt's event files are removed when the run starts);
 - ``wandb`` logs them to a Weights & Biases run named after the run, offline by default, under
   ``<artifacts>/wandb/`` (extra ``wandb``): ``loss``/``lr`` against ``train_step``, ``eval/<scalar>`` against
   ``eval_step``, the summary in the run's summary. ``--quiet`` silences its console output (``WANDB_SILENT``).
@@ -41,6 +42,7 @@ import fcntl
 import io
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -138,9 +140,14 @@ class TrainingLog(EpochLogger):
     without an artifacts folder the rows are only kept in ``rows`` and ``evaluations``)."""
 
     def setup(self, context: CallbackContext) -> None:
+        """In the run's own process, the files of an earlier attempt of the run (interrupted, replaced, ``--force``)
+        are removed: a run's logs hold exactly its own rows (its members append theirs after this)."""
         super().setup(context)
         self.rows: list[dict[str, Any]] = []
         self.evaluations: list[dict[str, float]] = []
+        if context.artifacts is not None and not context.member:
+            for name in (LOG_FILE, CSV_FILE, EVALUATION_FILE):
+                (context.artifacts / name).unlink(missing_ok=True)
 
     def write(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -186,6 +193,8 @@ class TensorBoardLog(EpochLogger):
         super().setup(context)
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (extra "tensorboard")
 
+        if context.artifacts is not None and not context.member:    # an earlier attempt's event files
+            shutil.rmtree(context.artifacts / "tensorboard", ignore_errors=True)
         self.writer = SummaryWriter(log_dir=str(self.folder("tensorboard")))
 
     def write(self, row: dict[str, Any]) -> None:

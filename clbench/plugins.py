@@ -219,6 +219,17 @@ def declared(kind: str) -> dict[str, Source]:
     return {name: s for s in sources() if not s.imported for name in s.declared.get(kind, {})}
 
 
+def holder(kind: str, name: str, module: str) -> str | None:
+    """Which other module holds ``name`` of ``kind`` (imported or not), as ``"shipped module M"`` or ``"plugin module
+    M (entry point ...)"``; None when only ``module`` declares it. A module registering a held name would shadow it
+    (or be shadowed) depending on the order of imports, silently: :class:`clbench.registry.Registry` refuses it."""
+    for source in sources():
+        if source.module != module and name in source.declared.get(kind, {}):
+            return f"shipped module {source.module}" if source.origin == "shipped" else \
+                f"plugin module {source.module} ({source.origin})"
+    return None
+
+
 def module_declaring(kind: str, name: str) -> str:
     """The module that declares ``name`` of ``kind`` ('?' when none does)."""
     return next((s.module for s in sources() if name in s.declared.get(kind, {})), "?")
@@ -395,6 +406,6 @@ def write_index(path: Path = INDEX_FILE) -> None:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV", "FAILED_NAMES", "INDEX_FILE", "KINDS", "UNAVAILABLE", "VARIABLES",
-           "PluginError", "Source", "build_index", "declared", "failure", "import_plugin", "load_declaring",
+           "PluginError", "Source", "build_index", "declared", "failure", "holder", "import_plugin", "load_declaring",
            "load_dynamic", "load_plugin", "load_plugins", "module_declaring", "registering", "scan",
            "shipped_modules", "sources", "track", "write_index"]

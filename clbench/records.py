@@ -10,13 +10,14 @@ reported and skipped the same way, so that no run counts twice in a mean over se
 Paths a record stores (``state_dir``) are relative to its results folder (the folder holding ``runs/``), so that a
 copied or moved results folder is self-contained; records written before that stored absolute paths, which are read
 as they are. A saved state carries an owner file (:data:`OWNER_FILE`: the run id, identity hash, code fingerprint
-and start time of the record that wrote it): :func:`state_dir` refuses a record whose state was written by another
-run (:class:`ForeignState`), e.g. the state now at an old record's absolute path after the run was made again with
-other settings.
+and start time of the record that wrote it, and the sha256 of each state file): :func:`state_dir` refuses a record
+whose state was written by another run (:class:`ForeignState`), e.g. the state now at an old record's absolute path
+after the run was made again with other settings, or one of whose files was swapped for another run's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -112,14 +113,23 @@ OWNER_FILE = "owner.json"
 OWNER_KEYS = ("run_id", "identity_hash", "code_fingerprint", "started")
 
 
+def _file_hashes(state: Path) -> dict[str, str]:
+    """``{path relative to state: sha256}`` of every file of the state folder but its owner file."""
+    return {p.relative_to(state).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(state.rglob("*")) if p.is_file() and p.name != OWNER_FILE}
+
+
 def write_owner(state: str | Path, record: object) -> None:
-    """Mark the state folder ``state`` as written by ``record`` (a RunRecord: :data:`OWNER_KEYS`)."""
-    write_atomic(Path(state) / OWNER_FILE, json.dumps({k: getattr(record, k) for k in OWNER_KEYS}, indent=1))
+    """Mark the state folder ``state`` as written by ``record`` (a RunRecord: :data:`OWNER_KEYS`), with the sha256
+    of each file it holds (a file swapped for another run's afterwards is caught by :func:`state_dir`)."""
+    owner = {k: getattr(record, k) for k in OWNER_KEYS} | {"files": _file_hashes(Path(state))}
+    write_atomic(Path(state) / OWNER_FILE, json.dumps(owner, indent=1))
 
 
 def state_dir(record_path: str | Path, record: dict) -> Path:
     """The saved state of the record read from ``record_path``: its ``state_dir`` relative to the record's results
-    folder (absolute in records written before), checked to belong to the record; raises :class:`ForeignState`."""
+    folder (absolute in records written before), checked to belong to the record, file by file; raises
+    :class:`ForeignState`."""
     stored = record.get("state_dir")
     if not stored:
         raise ForeignState(record_path, f"no saved strategy state (status {record.get('status')}; only finished runs "
@@ -135,4 +145,12 @@ def state_dir(record_path: str | Path, record: dict) -> Path:
             else f"has no readable {OWNER_FILE} (saved before states were marked)"
         raise ForeignState(record_path, f"its saved state {folder} {found}; run it again (--force) to save its "
                                         f"own state")
+    saved, now = owner.get("files"), _file_hashes(folder)
+    if saved != now:
+        known = saved if isinstance(saved, dict) else {}
+        changed = sorted(f for f in set(known) | set(now) if known.get(f) != now.get(f))
+        what = f"files {', '.join(changed)} differ from what the run saved (replaced, added or removed)" \
+            if isinstance(saved, dict) else f"{OWNER_FILE} holds no file hashes (saved before states were hashed)"
+        raise ForeignState(record_path, f"its saved state {folder}: {what}; run it again (--force) to save its own "
+                                        f"state")
     return folder

@@ -8,10 +8,13 @@ The plugin registries, filled by modules that register on import::
     CALLBACKS    training callbacks              (checked by clbench.protocol.check_callback)
     COMMANDS     ``clbench`` sub-commands        (:class:`clbench.commands.Command`)
 
-A plugin registry also finds names in modules not imported yet: :mod:`clbench.plugins` discovers the modules that
-register (shipped, installed through entry points, ``--plugins``), knows what each declares without importing it,
-imports the one that declares a name asked for, and keeps why a module could not be loaded (asking for one of its
-names raises :class:`UnavailableError` with that cause first). :func:`load_plugin`, :func:`load_plugins` and
+A name belongs to one module: registering a name that another module registers (imported or not: shipped modules
+are imported only when one of their names is asked for) raises ``ValueError`` naming both, so that a plugin cannot
+silently shadow a shipped strategy or scenario. A plugin registry also finds names in modules not imported yet:
+:mod:`clbench.plugins` discovers the modules that register (shipped, installed through entry points,
+``--plugins``), knows what each declares without importing it, imports the one that declares a name asked for, and
+keeps why a module could not be loaded (asking for one of its names raises :class:`UnavailableError` with that
+cause first). :func:`load_plugin`, :func:`load_plugins` and
 :class:`PluginError` are that module's, named here too for the modules that ask a registry for a plugin.
 """
 
@@ -76,8 +79,13 @@ class Registry(Generic[T]):
 
         def decorator(factory: T) -> T:
             if name in self._entries and self._entries[name] is not factory:
-                raise ValueError(f"{self.kind} {name!r} is registered twice "
-                                 f"({self._entries[name]!r} and {factory!r})")
+                raise ValueError(f"{self.kind} {name!r} of {origin} is already registered by {self.origins[name]}; "
+                                 f"choose another name.")
+            held = discovery.holder(self.kind, name, origin) if self.discovered and name not in self._entries \
+                else None
+            if held is not None:
+                raise ValueError(f"{self.kind} {name!r} of {origin} is already registered by {held}; choose another "
+                                 f"name.")
             if self.validate:
                 module, function = self.validate.split(":")
                 with discovery.registering(self.kind, name):

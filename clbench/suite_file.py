@@ -278,11 +278,29 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc}).") from None
     try:
+        _check_depth(path, text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         _check_expansion(path, node)
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
+
+
+MAX_SUITE_DEPTH = 50            # nested lists/mappings; a suite nests 5 or 6 (PyYAML's composer recurses per level)
+
+
+def _check_depth(path: Path, text: str) -> None:
+    """Refuse a document nested deeper than :data:`MAX_SUITE_DEPTH`, read from PyYAML's event stream (which does not
+    recurse), before composing it would exhaust Python's recursion limit."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_SUITE_DEPTH:
+                raise ConfigError(f"{path}: nested more than {MAX_SUITE_DEPTH} levels deep (line "
+                                  f"{event.start_mark.line + 1}); a suite nests a few levels.")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _check_expansion(path: Path, root: yaml.Node | None) -> None:

@@ -29,7 +29,8 @@ def test_unknown_name_without_close_match_lists_known():
 def test_registering_a_name_twice_is_an_error():
     reg = Registry("widget")
     reg.register("a")(int)
-    with pytest.raises(ValueError, match="registered twice"):
+    with pytest.raises(ValueError, match=r"widget 'a' of tests\.test_registry is already registered by "
+                                         r"tests\.test_registry"):
         reg.register("a")(float)
 
 

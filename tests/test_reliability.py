@@ -115,6 +115,20 @@ def test_forget_refuses_a_record_whose_state_belongs_to_another_run(copied_resul
     assert not (copied_results / "old/removals").exists()
 
 
+def test_forget_refuses_a_state_whose_strategy_file_was_swapped_for_another_run_s(copied_results, capsys):
+    """The archive's own state folder (owner file intact), its strategy.pt replaced by the rerun's (2 shards, not 3):
+    forget would serve the other run's weights under this record's name (issue #37)."""
+    swapped = copied_results / "swapped"
+    shutil.copytree(copied_results / "archive", swapped)
+    shutil.rmtree(swapped / "removals", ignore_errors=True)          # the archive's own, made by an earlier test
+    state = "state/synthetic__taft_shards__s0/strategy.pt"
+    shutil.copy(copied_results / "original" / state, swapped / state)
+    capsys.readouterr()
+    assert main(["forget", "--run", str(swapped / "runs/synthetic__taft_shards__s0.json"), "--touch", "1"]) == 2
+    _one_error_line(capsys, "strategy.pt differ from what the run saved", "--force")
+    assert not (swapped / "removals").exists()
+
+
 def test_a_record_with_an_absolute_state_dir_still_reads(copied_results):
     """Records written before this change (absolute state_dir) load: leaderboards and resume read them."""
     record = json.loads((copied_results / "archive/runs/synthetic__taft_shards__s0.json").read_text())
@@ -303,7 +317,8 @@ def test_a_full_disk_while_writing_a_record_is_one_line_and_leaves_no_temporary_
     monkeypatch.setattr(Path, "write_text", write_text)
     assert _run(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
     _one_error_line(capsys, "No space left on device", "free some space")
-    assert [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()] == []
+    written = [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert not [n for n in written if n.endswith(".tmp")] and not list((tmp_path / "out/runs").iterdir()), written
 
 
 def test_a_full_disk_while_plotting_is_one_line_and_keeps_the_records(tiny_suite, tmp_path, capsys, monkeypatch):

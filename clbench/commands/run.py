@@ -16,6 +16,7 @@ from pathlib import Path
 from clbench.commands import Command
 from clbench.commands.leaderboard import write_tables
 from clbench.errors import ConfigError
+from clbench.files import locked_folder
 from clbench.registry import COMMANDS, STRATEGIES
 from clbench.suite_file import load_suite
 
@@ -26,7 +27,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", nargs="+", help="only these strategies of the suite (names or labels)")
     p.add_argument("--seeds", nargs="+", type=int, help="replace the suite's seeds")
     p.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda[:N]")
-    p.add_argument("--amp", action="store_true", help="bf16 autocast on GPU")
+    p.add_argument("--amp", action="store_true",
+                   help="bf16 autocast on CPU and CUDA (matrix products in bf16, weights and optimizer in float32; "
+                        "part of the run identity); refused on mps and with private training (dp)")
     p.add_argument("--out", help="output folder (default: results/<suite>)")
     p.add_argument("--executor", default="local", help="local (default) or ray")
     p.add_argument("--jobs", type=_jobs, default=None,
@@ -85,17 +88,27 @@ def _with_init(suite, init: str | None):
 
 def run(args: argparse.Namespace) -> int:
     """Everything that can be checked is checked before the first run: the suite, the flags, the device, the
-    output folder and the executor; each problem is one line and exit code 2."""
-    import torch
-
+    output folder (held locked while the suite runs: a second suite into it is refused), the executor and the
+    pre-flight of what the runs will use; each problem is one line and exit code 2."""
     from clbench.environment import resolve_device
-    from clbench.executors import EXECUTORS, plan
+    from clbench.fingerprint import check_one_tree
 
+    check_one_tree()
     suite = _with_init(load_suite(args.suite).select(args.scenario, args.strategy, args.seeds), args.init)
     _check_flags(args)
-    resolve_device(args.device)
-    out = Path(args.out or Path("results") / suite.name)
+    _check_amp(args.amp, resolve_device(args.device), suite)
+    out = output_folder(args.out, suite.name)
     check_output_folder(out)
+    with locked_folder(out):          # a second suite into the same folder is refused, naming this one's pid
+        return _run_suite(args, suite, out)
+
+
+def _run_suite(args: argparse.Namespace, suite, out: Path) -> int:
+    import torch
+
+    from clbench.executors import EXECUTORS, plan
+    from clbench.preflight import preflight
+
     jobs = args.jobs if args.jobs is not None else _jobs_default()
     jobs, threads = plan(None if jobs == "auto" else jobs, args.threads, args.device)
     try:
@@ -107,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--executor {args.executor}: {exc}") from None
     specs = suite.run_specs(device=args.device, amp=args.amp)
     check_checkpoints(specs)
+    preflight(specs, out)
     at_once = f"{jobs} at once, " if args.executor == "local" else ""
     print(f"suite {suite.name}: {len(specs)} runs ({len(suite.scenarios)} scenarios x {len(suite.strategies)} "
           f"strategies x {len(suite.seeds)} seeds; {at_once}{threads or torch.get_num_threads()} torch thread(s) "
@@ -122,6 +136,21 @@ def run(args: argparse.Namespace) -> int:
           "failed run(s) this time",
           file=sys.stderr)
     return 1 if failed else 0
+
+
+def _check_amp(amp: bool, device, suite) -> None:
+    """``--amp`` (:func:`clbench.precision.autocast`, bf16 on CPU and CUDA): refused on MPS, and for strategies
+    trained privately, whose per-sample norms must explain autograd's gradient to float32 precision (the dp
+    callback's first-step invariant), which bf16 products do not meet. One :class:`ConfigError` line each."""
+    if not amp:
+        return
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--amp is bf16 autocast on cpu and cuda, not on {device.type}; run without --amp.")
+    private = [e.key for e in suite.strategies if any(c["name"] == "dp" for c in e.callbacks)]
+    if private:
+        raise ConfigError(f"--amp with private training (dp) is refused: its per-sample norms are checked against "
+                          f"autograd's gradients to float32 precision, which bf16 products do not meet; leave out "
+                          f"{', '.join(private)} (--strategy) or run without --amp.")
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -161,16 +190,30 @@ def check_checkpoints(specs) -> None:
                           f"file.")
 
 
+def output_folder(given: str | None, suite: str) -> Path:
+    """``--out`` as a folder: ``results/<suite>`` when not given; an empty or blank value is refused (it would
+    silently become the current folder's ``results/<suite>``)."""
+    if given is None:
+        return Path("results") / suite
+    if not given.strip():
+        raise ConfigError(f"--out {given!r} names no folder; give a folder, or leave --out out for results/{suite}.")
+    return Path(given)
+
+
 def check_output_folder(out: Path) -> None:
-    """Create ``out/runs`` and write a file there, so that an unusable ``--out`` fails before the first run."""
-    probe = out / "runs" / f".write-test-{os.getpid()}"
-    try:
-        probe.parent.mkdir(parents=True, exist_ok=True)
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"output folder {out} cannot be written to ({exc.strerror or exc}: "
-                          f"{exc.filename or probe}); pass another --out.") from None
+    """Create ``out/runs`` and ``out/artifacts`` and write a file in each (and in ``out/state`` when it exists), so
+    that an unusable ``--out`` (read-only, full, not a folder) fails before the first run, not in each run."""
+    for sub in ("runs", "artifacts", "state"):
+        if sub == "state" and not (out / sub).exists():
+            continue
+        probe = out / sub / f".write-test-{os.getpid()}"
+        try:
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"output folder {out} cannot be written to ({exc.strerror or exc}: "
+                              f"{exc.filename or probe}); pass another --out.") from None
 
 
 COMMANDS.register("run")(Command("run a suite (the default command)", _add_arguments, run))

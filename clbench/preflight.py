@@ -1,0 +1,91 @@
+"""The pre-flight of a suite: what every run would otherwise fail on, in each run, checked once before the first.
+
+:func:`preflight` (``clbench run`` calls it once the output folder is known) checks
+
+- the run ids as file names: each makes ``runs/<run_id>.json`` (through a temporary ``.<run_id>.json.<pid>.tmp``),
+  ``artifacts/<run_id>/`` and ``state/<run_id>/``, which must fit the output folder's file name limit;
+- what the suite's callbacks need outside Python (:data:`NEEDS`, by callback name): ``dp`` a working opacus (an
+  installed opacus that fails at import is caught here, not in each private run), ``tensorboard`` and ``wandb``
+  their packages importable (:mod:`clbench.optional` keeps a missing or broken one from breaking other runs), and
+  ``wandb`` with ``mode: online`` a W&B login (``WANDB_API_KEY``, ``WANDB_IDENTITY_TOKEN_FILE`` or the netrc entry
+  that ``wandb login`` writes).
+
+Each problem is a :class:`~clbench.errors.ConfigError`: one line, exit code 2, nothing trained.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from clbench import optional
+from clbench.errors import ConfigError
+from clbench.names import check_file_names
+
+TEMPORARY_SUFFIX = len(".") + len(".json") + len(".4194304.tmp")
+"""Bytes a record's temporary file adds to its run id (the largest Linux pid: 4194304)."""
+
+
+def _dp(args: list[dict]) -> None:
+    try:
+        import opacus.accountants.utils  # noqa: F401 - the accountant private runs calibrate their noise with
+    except Exception as exc:  # noqa: BLE001 - installed but broken is as fatal as missing, for every private run
+        cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise ConfigError(f"callback dp needs opacus (its accountant calibrates the noise), which cannot be imported "
+                          f"({cause}); reinstall it (pip install --force-reinstall 'opacus>=1.5') or remove the dp "
+                          f"entries.") from None
+
+
+def _package(module: str, callback: str) -> Callable[[list[dict]], None]:
+    def check(args: list[dict]) -> None:
+        cause = optional.failure(module)
+        if cause is not None:
+            raise ConfigError(f"callback {callback} needs {module}, which cannot be imported ({cause}); pip install "
+                              f"'clbench[{callback}]' or remove the {callback} entries.")
+    return check
+
+
+def _wandb(args: list[dict]) -> None:
+    _package("wandb", "wandb")(args)
+    if any(a.get("mode") == "online" for a in args) and not wandb_login():
+        raise ConfigError("callback wandb with mode: online needs a W&B login, and none is set up (no WANDB_API_KEY, "
+                          "no WANDB_IDENTITY_TOKEN_FILE, no netrc entry for the W&B host); run `wandb login`, or use "
+                          "mode: offline (the default) and `wandb sync` later.")
+
+
+def wandb_login() -> bool:
+    """Whether W&B finds credentials without asking: its environment variables or the netrc entry of its host."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+NEEDS: dict[str, Callable[[list[dict]], None]] = {
+    "dp": _dp,
+    "tensorboard": _package("torch.utils.tensorboard", "tensorboard"),
+    "wandb": _wandb,
+}
+"""Callback name -> ``check(args of each entry that uses it)``, raising :class:`ConfigError` when it cannot work."""
+
+
+def preflight(specs: Iterable, out: Path) -> None:
+    """Check, once, what each of ``specs`` (RunSpecs) would fail on in each run (module docstring)."""
+    specs = list(specs)
+    check_file_names(out / "runs", [s.run_id for s in specs], "run id", TEMPORARY_SUFFIX)
+    uses: dict[str, list[dict]] = {}
+    for spec in specs:
+        for callback in spec.strategy.callbacks:
+            uses.setdefault(callback["name"], []).append(dict(callback.get("args") or {}))
+    for name, args in sorted(uses.items()):
+        if name in NEEDS:
+            NEEDS[name](args)
+
+
+__all__ = ["NEEDS", "preflight", "wandb_login"]
