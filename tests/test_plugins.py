@@ -86,7 +86,7 @@ class Linear(StrategyBase):
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
     """Write a module into a folder on sys.path; whatever the test loads is forgotten afterwards."""
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "")      # restored (unset) afterwards: a plugin loaded here must not reach later tests
     monkeypatch.setattr(plugins, "_loaded_specs", {})
     before = set(sys.modules)
 
