@@ -138,7 +138,8 @@ def _installed_roots() -> tuple[Path, ...]:
 def installed(path: Path) -> bool:
     """Whether ``path`` lies in the standard library or a site-packages folder (installed code, not a project's)."""
     resolved = Path(path).resolve()
-    return any(resolved.is_relative_to(root) for root in _installed_roots()) or "site-packages" in resolved.parts
+    return any(resolved.is_relative_to(root) for root in _installed_roots()) or \
+        bool({"site-packages", "dist-packages"} & set(resolved.parts))
 
 
 def _source_file(name: str) -> Path | None:

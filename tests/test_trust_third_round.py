@@ -7,6 +7,7 @@ online without a login). Each failed on the code before the fix."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -145,15 +146,41 @@ def test_two_plugins_registering_one_name_are_refused_naming_both(tmp_path):
 
 
 def test_the_code_fingerprint_covers_a_plugin_s_helper_module_outside_site_packages(tmp_path, monkeypatch):
-    (tmp_path / "helper_x37.py").write_text("import yaml\n\ndef scale():\n    return 2\n")
+    (tmp_path / "helper_x37.py").write_text("import json\nimport yaml\n\ndef scale():\n    return 2\n")
     (tmp_path / "plugin_x37.py").write_text("from helper_x37 import scale\n\nFACTOR = scale()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     found = fingerprint.module_files(["plugin_x37"])
     assert found["helper_x37"] == tmp_path / "helper_x37.py"
-    assert "yaml" not in found                          # installed packages do not count
+    assert "yaml" not in found and "json" not in found      # installed packages and the standard library do not
     before = fingerprint.fingerprint_of(["plugin_x37"])
-    (tmp_path / "helper_x37.py").write_text("import yaml\n\ndef scale():\n    return 3\n")
+    (tmp_path / "helper_x37.py").write_text("import json\nimport yaml\n\ndef scale():\n    return 3\n")
     assert fingerprint.fingerprint_of(["plugin_x37"]) != before      # resume reruns the plugin's runs
+
+
+PLUGIN = '''from helper_x37e import EXTRA
+from clbench.registry import STRATEGIES
+from tests._fakes import IncreasingLogits
+
+
+@STRATEGIES.register("helped_x37")
+class Helped(IncreasingLogits):
+    """Scores as its parent; imports a helper module from its folder."""
+'''
+
+
+def test_resume_reruns_a_plugin_s_run_once_its_helper_module_changed(tiny_suite, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CLBENCH_PLUGINS", "")                # load_plugin adds to it: restored after the test
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "helper_x37e.py").write_text("EXTRA = 2.0\n")
+    plugin = tmp_path / "plugin_x37e.py"
+    plugin.write_text(PLUGIN)
+    suite, out = tiny_suite([{"name": "helped_x37"}]), tmp_path / "out"
+    assert _run(suite, out, "--plugins", str(plugin)) == 0
+    (tmp_path / "helper_x37e.py").write_text("EXTRA = 3.0\n")
+    monkeypatch.setattr(fingerprint, "_computed", functools.cache(fingerprint._computed.__wrapped__))  # a new process
+    capsys.readouterr()
+    assert _run(suite, out, "--plugins", str(plugin)) == 0
+    assert "running 1: 1 made by other code" in capsys.readouterr().err
 
 
 def test_code_from_two_source_trees_is_refused_in_one_line(tmp_path):
