@@ -40,7 +40,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from avalanche.training.plugins import SupervisedPlugin
@@ -133,8 +133,15 @@ class Callback:
     :class:`CallbackContext` (kept as ``self.context``); :meth:`close` once after the last experience (or after the
     last batch of a member job). The runner fires :meth:`on_evaluation` after each step's evaluation and, once the
     record's metrics are known (after :meth:`close` and :meth:`extra_metrics`), :meth:`on_run_end` with them; both
-    only in the run's own process (a member job sees neither), and ``on_run_end`` only for a run that finished."""
+    only in the run's own process (a member job sees neither), and ``on_run_end`` only for a run that finished.
 
+    ``observer = True`` declares a callback that only watches (loggers, traces): it changes neither the training nor
+    the record, so it is left out of the run's identity (:meth:`clbench.specs.RunSpec.identity`) and adding or
+    removing it resumes a finished run instead of running it again. Leave it False for anything that changes what
+    is trained or recorded (private training, a batch plan, extra metrics) or that writes what a later command
+    reads from the run (the dual-form recorder's patterns)."""
+
+    observer: ClassVar[bool] = False
     context: CallbackContext
 
     def setup(self, context: CallbackContext) -> None:
@@ -327,7 +334,10 @@ def bridge(template: Any, callbacks: CallbackList) -> None:
 class HookTrace(Callback):
     """Appends one JSON line per hook call (``{"hook": ..., "member": ..., ...}``) to ``<artifacts>/hooks.jsonl``:
     the order in which a loop fires the hooks, for debugging a strategy or checking a new loop. ``batches``: the
-    number of batch-level hook groups written per experience (later ones are counted, not written)."""
+    number of batch-level hook groups written per experience (later ones are counted, not written). An observer:
+    outside the run's identity."""
+
+    observer = True
 
     def __init__(self, batches: int = 1000) -> None:
         self.batches = batches

@@ -37,6 +37,7 @@ import pandas as pd
 from clbench import files
 from clbench import records as record_files
 from clbench.metrics import ACCURACY, SUMMARIES, MetricSpec, primary
+from clbench.specs import identity_callbacks
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,11 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
 
 def identity(record: dict) -> tuple[dict[str, str], dict[str, str]]:
     """``(scenario part, strategy part)`` of the record's identity as flat ``{key: JSON value}`` maps (the seed,
-    device and labels are not part of it)."""
+    device, labels and observing callbacks are not part of it)."""
     spec = record["spec"]
     scenario: dict[str, str] = {}
     _flatten("", {"name": spec["scenario"]["name"], **(spec["scenario"].get("args") or {})}, scenario)
-    strategy_spec = spec["strategy"]
+    strategy_spec = {**spec["strategy"], "callbacks": identity_callbacks(spec["strategy"].get("callbacks") or ())}
     resolved = record.get("strategy_config") or {"preset": strategy_spec.get("preset"),
                                                  **(strategy_spec.get("args") or {})}
     others = {k: v for k, v in strategy_spec.items() if k not in ("name", "label", "preset", "args") and v}

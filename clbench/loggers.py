@@ -77,7 +77,10 @@ def append(path: Path, text: str) -> None:
 
 
 class EpochLogger(Callback):
-    """Collects the rows described in the module docstring; subclasses write each with :meth:`write`."""
+    """Collects the rows described in the module docstring; subclasses write each with :meth:`write`. Loggers are
+    observers (:attr:`clbench.callbacks.Callback.observer`): adding or removing one resumes a finished run."""
+
+    observer = True
 
     def setup(self, context: CallbackContext) -> None:
         super().setup(context)

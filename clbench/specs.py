@@ -5,11 +5,13 @@ parsed into these by :mod:`clbench.suite_file`; a strategy's hyperparameters are
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from clbench.config import build_config, checkpoint_hashes, config_dict
 from clbench.errors import ConfigError, suggest
+from clbench.registry import CALLBACKS, UnknownNameError
 from clbench.typecheck import brief
 
 MAX_SEED = 2**32 - 1      # numpy's seed range (seed_everything seeds random, numpy and torch with it)
@@ -25,6 +27,20 @@ def check_seeds(where: str, seeds: Any) -> None:
     if repeated:
         raise ConfigError(f"{where}: seed {repeated[0]} appears twice in 'seeds'; each seed is one run, list it once.")
 
+
+
+def identity_callbacks(callbacks: Iterable[dict]) -> tuple[dict, ...]:
+    """The callback entries (``{"name", "args"}``) that are part of a run's identity: all but those whose
+    :data:`~clbench.registry.CALLBACKS` factory declares ``observer = True`` (loggers, traces: they change neither
+    the training nor the record, so adding or removing one resumes a finished run). A name no registry knows (a
+    record's plugin callback that is not loaded) stays."""
+    def observer(name: str) -> bool:
+        try:
+            return getattr(CALLBACKS.get(name), "observer", False) is True
+        except UnknownNameError:
+            return False
+
+    return tuple(c for c in callbacks if not observer(c["name"]))
 
 
 @dataclass(frozen=True)
@@ -43,7 +59,8 @@ class ScenarioEntry:
 @dataclass(frozen=True)
 class StrategyEntry(ScenarioEntry):
     """A suite's strategy: a STRATEGIES name, Config overrides (``args``), a label, a preset and the callbacks
-    attached to its training loops (``{"name": CALLBACKS name, "args": {...}}`` each; part of the run's identity)."""
+    attached to its training loops (``{"name": CALLBACKS name, "args": {...}}`` each; part of the run's identity,
+    observers excepted: :func:`identity_callbacks`)."""
 
     preset: str | None = None
     callbacks: tuple[dict, ...] = ()
@@ -77,13 +94,16 @@ class RunSpec:
 
     def identity(self, config: Any = None) -> dict:
         """What makes two runs the same run (device and amp excluded: they do not change the experiment): the suite,
-        the scenario entry, the strategy entry with its resolved hyperparameters, the seed, and the content hash of
+        the scenario entry, the strategy entry (its callbacks without the observers: :func:`identity_callbacks`)
+        with its resolved hyperparameters, the seed, and the content hash of
         every checkpoint the hyperparameters name (``checkpoints``, only when there is one): overwriting a
         checkpoint changes the identity, so resume runs again what read the old one. ``config``: this run's
         :meth:`config`, when the caller has built it already."""
         resolved = config_dict(self.config() if config is None else config)
-        identity = {"suite": self.suite, "scenario": dataclasses.asdict(self.scenario),
-                    "strategy": {**dataclasses.asdict(self.strategy), "resolved": resolved}, "seed": self.seed}
+        strategy = {**dataclasses.asdict(self.strategy), "resolved": resolved}
+        strategy["callbacks"] = identity_callbacks(strategy["callbacks"])
+        identity = {"suite": self.suite, "scenario": dataclasses.asdict(self.scenario), "strategy": strategy,
+                    "seed": self.seed}
         checkpoints = checkpoint_hashes(resolved, self.scenario.name)
         if checkpoints:
             identity["checkpoints"] = checkpoints
