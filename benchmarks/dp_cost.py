@@ -11,9 +11,11 @@ fast gradient clipping (GradSampleModuleFastGradientClipping, ghost clipping + s
   positions are padding) trained on EVERY position that has a target, in four modes interleaved step by step:
   today's layout (scores at all ``B·L`` positions, :func:`~clbench.models.seqrec.next_item_loss`) and the packed
   layout (scores at the target rows only, ``forward(items, targets=y)``, :func:`~clbench.models.seqrec.target_loss`,
-  the same loss), each non-private and private (the ``dp`` callback). Printed: packed / today's time (private and
-  not), private / non-private on the packed step, and the cost of the first-step invariant (a step with the check /
-  a step without; :meth:`~clbench.privacy.step.PrivateTraining.check`). No memory column for this model.
+  the same loss), each non-private and private (the ``dp`` callback). Printed, in wall-clock time and in this
+  process's CPU time (one thread: what the step itself used, less disturbed by other processes on a shared machine):
+  packed / today's time (private and not), private / non-private on the packed step, and the cost of the first-step
+  invariant (a step with the check / a step without; :meth:`~clbench.privacy.step.PrivateTraining.check`). No memory
+  column for this model.
 
 Time: median seconds per step, the four modes interleaved step by step in ONE process (the machine is shared: ratios
 are more trustworthy than seconds). Memory: each (model, mode) runs in its own subprocess; the number is the peak
@@ -31,7 +33,12 @@ ratio on this workload).
   ``vit_cls_token_pos_table`` (``--models zoo`` runs all five). opacus runs them after ``ModuleValidator.fix``
   (its own attention module in place of nn.MultiheadAttention), or reports why it cannot.
 
-    python benchmarks/dp_cost.py [--models vit seq games zoo ...] [--steps 5] [--threads 1] [--dim 64]
+- ``phantom_ghost``: Phantom Clipping against Ghost Clipping (Ding et al.'s headline comparison, their Figure 8) on
+  64 real Games windows, every position trained: ours on the tied SeqRec (d = 64) against opacus's ghost clipping
+  (``GradSampleModuleFastGradientClipping``) on the paper's workaround for a method that cannot share the embedding,
+  the untied model at half the width (d = 32, about the same number of parameters); time and memory ratios.
+
+    python benchmarks/dp_cost.py [--models vit seq games phantom_ghost zoo ...] [--steps 5] [--threads 1] [--dim 64]
 """
 
 from __future__ import annotations
@@ -178,8 +185,11 @@ def make_step(mode: str, model: nn.Module, loss: nn.Module, batch: int):
 def memory_child(name: str, mode: str, batch: int, steps: int, dim: int) -> None:
     """Run in a subprocess: print the extra peak memory (MB) of ``steps`` steps, as JSON."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, loss, x, y = workload(name, batch, device, dim)
-    step = make_step(mode, model, loss, batch)
+    if name == "ghost":
+        step, x, y = ghost_runner(mode, batch)
+    else:
+        model, loss, x, y = workload(name, batch, device, dim)
+        step = make_step(mode, model, loss, batch)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() / 2**20
@@ -310,33 +320,120 @@ def games(steps: int) -> None:
         replica = SeqRec(items, x.shape[1])
         replica.load_state_dict(model.state_dict())
         runners[mode] = games_step(mode, replica.train(), GAMES_BATCH, n)
-    times = {mode: [] for mode in GAMES_MODES}
+    clocks = {"wall": time.perf_counter, "cpu": time.process_time}
+    times = {clock: {mode: [] for mode in GAMES_MODES} for clock in clocks}
     for k in range(steps + 1):                      # round 0: warm-up (and the private modes' checked first step)
         for mode, (step, _) in runners.items():
+            start = {clock: now() for clock, now in clocks.items()}
+            step(x, y)
+            if k:
+                for clock, now in clocks.items():
+                    times[clock][mode].append(now() - start[clock])
+    step, dp = runners["packed_private"]
+    dp.unchecked = dp.tape.keep_outputs = True      # one more step with the first-step invariant
+    start = {clock: now() for clock, now in clocks.items()}
+    step(x, y)
+    checked = {clock: now() - start[clock] for clock, now in clocks.items()}
+    for clock in clocks:                            # wall: elapsed; cpu: this process's CPU time (1 thread)
+        med = {mode: statistics.median(t) for mode, t in times[clock].items()}
+        print(f"\n{clock} time\n{'mode':<20}{'step s (median)':>16}   all steps")
+        for mode in GAMES_MODES:
+            print(f"{mode:<20}{med[mode]:>16.3f}   {', '.join(f'{t:.2f}' for t in times[clock][mode])}")
+        print(f"today / packed, non-private: {med['today_nonprivate'] / med['packed_nonprivate']:.2f}x")
+        print(f"today / packed, private:     {med['today_private'] / med['packed_private']:.2f}x")
+        print(f"packed: private / non-private: {med['packed_private'] / med['packed_nonprivate']:.2f}x")
+        print(f"first-step invariant: a packed private step with the check {checked[clock]:.3f} s / without "
+              f"{med['packed_private']:.3f} s = {checked[clock] / med['packed_private']:.2f}x")
+
+
+GHOST_BATCH = 64
+GHOST_MODES = ("nonprivate", "phantom", "ghost")
+
+
+class NextItemLoss(nn.Module):
+    """:func:`~clbench.models.seqrec.next_item_loss` as a criterion with a ``reduction`` attribute (opacus sets
+    ``none``: the per-sample sums)."""
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return next_item_loss(scores, targets, "sample" if self.reduction == "none" else self.reduction)
+
+
+class ContiguousIds(nn.Module):
+    """An Embedding called on a contiguous copy of its ids (opacus's ghost norm of an Embedding fails on the expanded
+    position ids SeqRec passes: ``view size is not compatible``)."""
+
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.embedding = embedding
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(ids.contiguous())
+
+
+def ghost_runner(mode: str, batch: int):
+    """``(step, x, y)`` of one mode of :data:`GHOST_MODES` on ``batch`` real Games windows, every position trained
+    (today's layout, the paper's objective): ``nonprivate`` and ``phantom`` (ours: ghost norms with phantom clipping
+    of the tied embedding) on the tied SeqRec (d = 64); ``ghost``: opacus's ghost clipping (fast gradient clipping)
+    on the paper's workaround, the UNTIED model at half the width (d = 32: about the same number of parameters)."""
+    x, y, items, n = games_windows(batch)
+    torch.manual_seed(0)
+    if mode != "ghost":
+        return games_step(f"today_{'private' if mode == 'phantom' else 'nonprivate'}",
+                          SeqRec(items, x.shape[1]).train(), batch, n)[0], x, y
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    model = SeqRec(items, x.shape[1], dim=32).train()
+    model.output.weight = nn.Parameter(model.item_emb.weight.detach().clone())       # untied
+    model.pos_emb = ContiguousIds(model.pos_emb)     # opacus's embedding norms view the ids: no expanded ids
+    wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=CLIP, use_ghost_clipping=True)
+    optimizer = DPOptimizerFastGradientClipping(torch.optim.SGD(wrapped.parameters(), lr=1e-3), noise_multiplier=SIGMA,
+                                                max_grad_norm=CLIP, expected_batch_size=batch)
+    criterion = DPLossFastGradientClipping(wrapped, optimizer, NextItemLoss())
+
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        criterion(wrapped(x), y).backward()
+        optimizer.step()
+    return step, x, y
+
+
+def phantom_vs_ghost(steps: int, threads: int) -> None:
+    """Phantom clipping (ours, tied) against Ghost Clipping (opacus, untied half width) on the Games shape: median
+    step time interleaved in this process, extra peak memory per mode in its own process (module docstring)."""
+    runners = {mode: ghost_runner(mode, GHOST_BATCH) for mode in GHOST_MODES}
+    times = {mode: [] for mode in GHOST_MODES}
+    for k in range(steps + 1):
+        for mode, (step, x, y) in runners.items():
             start = time.perf_counter()
             step(x, y)
             if k:
                 times[mode].append(time.perf_counter() - start)
-    step, dp = runners["packed_private"]
-    dp.unchecked = dp.tape.keep_outputs = True      # one more step with the first-step invariant
-    start = time.perf_counter()
-    step(x, y)
-    checked = time.perf_counter() - start
     med = {mode: statistics.median(t) for mode, t in times.items()}
-    print(f"{'mode':<20}{'step s (median)':>16}   all steps")
-    for mode in GAMES_MODES:
-        print(f"{mode:<20}{med[mode]:>16.3f}   {', '.join(f'{t:.2f}' for t in times[mode])}")
-    print(f"today / packed, non-private: {med['today_nonprivate'] / med['packed_nonprivate']:.2f}x")
-    print(f"today / packed, private:     {med['today_private'] / med['packed_private']:.2f}x")
-    print(f"today private / packed non-private: {med['today_private'] / med['packed_nonprivate']:.2f}x")
-    print(f"packed: private / non-private: {med['packed_private'] / med['packed_nonprivate']:.2f}x")
-    print(f"first-step invariant: a packed private step with the check {checked:.3f} s / without "
-          f"{med['packed_private']:.3f} s = {checked / med['packed_private']:.2f}x")
+    mems = {mode: memory("ghost", mode, GHOST_BATCH, threads, 0) for mode in GHOST_MODES}
+    print(f"\nphantom vs ghost clipping: Games windows, batch {GHOST_BATCH}, every position trained")
+    print(f"{'mode':<14}{'step s':>10}{'extra MB':>10}   all steps")
+    for mode in GHOST_MODES:
+        m = mems[mode]
+        print(f"{mode:<14}{med[mode]:>10.3f}{(f'{m:.0f}' if isinstance(m, float) else m):>10}   "
+              f"{', '.join(f'{t:.2f}' for t in times[mode])}")
+    print(f"ghost / phantom: time {med['ghost'] / med['phantom']:.2f}x"
+          + (f", memory {mems['ghost'] / mems['phantom']:.2f}x" if all(isinstance(mems[m], float) for m in
+                                                                       ("ghost", "phantom")) else ""))
+    print(f"phantom / non-private: time {med['phantom'] / med['nonprivate']:.2f}x"
+          + (f", memory {mems['phantom'] / mems['nonprivate']:.2f}x" if all(isinstance(mems[m], float) for m in
+                                                                            ("phantom", "nonprivate")) else ""))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["vit", "seq"], choices=["vit", "seq", "games", "zoo", *ZOO])
+    parser.add_argument("--models", nargs="+", default=["vit", "seq"],
+                        choices=["vit", "seq", "games", "phantom_ghost", "zoo", *ZOO])
     parser.add_argument("--batch", type=int, default=0, help="default: 256 for vit, 64 for seq (games: 256)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
@@ -353,6 +450,9 @@ def main() -> None:
     for name in [m for given in args.models for m in (ZOO_MODELS if given == "zoo" else (given,))]:
         if name == "games":
             games(args.steps)
+            continue
+        if name == "phantom_ghost":
+            phantom_vs_ghost(args.steps, args.threads)
             continue
         batch = args.batch or (ZOO_BATCH if name in ZOO else {"vit": 256, "seq": 64}[name])
         times = timing(name, batch, args.steps, device, args.dim)

@@ -14,8 +14,9 @@ output layer at those positions only (``forward(items, targets=...)`` -> :class:
 :func:`target_loss`, the same loss): the ``N`` rows of ``h`` that have a target are gathered and scored against the tied
 matrix's item rows ``E[1:]`` (``F.linear``: no padding column to slice off and back in the backward) with each row's
 sample index (packed rows, :func:`clbench.privacy.packing.rows_of`), so private training clips each sample's
-gradient from its own rows. With most positions padding (Amazon Games: 1,616
-targets in a batch of 256 windows of 50) the ``N·V`` scores replace ``B·L·V``.
+gradient from its own rows; the blocks' feed-forward halves run on the item tokens only, likewise packed. With
+most positions padding (Amazon Games: 1,616 targets in a batch of 256 windows of 50) the ``N·V`` scores replace
+``B·L·V``.
 
 Attention is :class:`~clbench.privacy.reattention.CausalSelfAttention` (``attention="vanilla"``) or
 :class:`~clbench.privacy.reattention.ReAttention`; with an :class:`~clbench.privacy.reattention.ErrorPrior` set
@@ -46,7 +47,11 @@ from clbench.registry import MODELS
 
 
 class Block(nn.Module):
-    """``h ← h + Attn(LN_1 h)``; ``h ← h + W_2 act(W_1 LN_2 h)`` (dropout after attention and each FFN layer)."""
+    """``h ← h + Attn(LN_1 h)``; ``h ← h + W_2 act(W_1 LN_2 h)`` (dropout after attention and each FFN layer).
+
+    ``packed``: the feed-forward half runs on the rows of the item tokens only (padding left as it is: a padding
+    position is a masked key of every query and its own output is never scored, so the scored outputs are the same),
+    as packed rows with their samples (:func:`clbench.privacy.packing.rows_of`)."""
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float, activation: str,
                  attention: str) -> None:
@@ -59,14 +64,21 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, h: Tensor, pad: Tensor, var: Tensor | None, param_var: float,
-                track: bool = True) -> tuple[Tensor, Tensor | None]:
+                track: bool = True, packed: bool = False) -> tuple[Tensor, Tensor | None]:
         """``h (B, L, d)``, ``pad (B, L)``, ``var``: variances of ``h`` (None: no error tracking); ``track=False``:
-        ``var`` serves this block's attention scores only and no output variance is returned (last block)."""
+        ``var`` serves this block's attention scores only and no output variance is returned (last block);
+        ``packed``: the feed-forward half on the item tokens only (when no variance is tracked through it)."""
         a = self.norm1(h)
         a_var = None if var is None else _no_grad(layer_norm_var, h, var, self.norm1, param_var)
         out, out_var = self.attn(a, pad, a_var, param_var, track)
         var = var if track else None
         h = h + self.dropout(out)
+        if packed and var is None:
+            items = ~pad
+            with rows_of(items.nonzero()[:, 0]):
+                rows = h[items]
+                y = self.fc2(self.dropout(ACTIVATIONS[self.activation](self.fc1(self.norm2(rows)))))
+            return h.index_put((items,), rows + self.dropout(y)), var
         f = self.norm2(h)
         z = self.fc1(f)
         y = self.fc2(self.dropout(ACTIVATIONS[self.activation](z)))
@@ -114,8 +126,9 @@ class SeqRec(nn.Module):
         asked for the prior at each forward pass (σ_dp may be calibrated only once training starts)."""
         self.error_prior = prior
 
-    def hidden(self, items: Tensor) -> Tensor:
-        """``(B, L)`` item ids -> ``(B, L, d)`` final hidden states."""
+    def hidden(self, items: Tensor, packed: bool = False) -> Tensor:
+        """``(B, L)`` item ids -> ``(B, L, d)`` final hidden states (``packed``: the blocks' feed-forward halves on
+        the item tokens only, :class:`Block`; the padding positions' states differ, the items' do not)."""
         if items.shape[1] > self.max_len:
             raise ValueError(f"sequences of length {items.shape[1]} exceed max_len {self.max_len}.")
         pad = items == 0
@@ -129,7 +142,7 @@ class SeqRec(nn.Module):
             token_var[0] = 0.0                                          # the padding row is fixed at 0
             var = (token_var[items] + param_var)[..., None].expand_as(h).clone()
         for i, block in enumerate(self.blocks):
-            h, var = block(h, pad, var, param_var, track=i < len(self.blocks) - 1)
+            h, var = block(h, pad, var, param_var, track=i < len(self.blocks) - 1, packed=packed)
         return self.norm(h)
 
     def forward(self, items: Tensor, last: int | None = None, targets: Tensor | None = None) -> Tensor | TargetScores:
@@ -137,7 +150,7 @@ class SeqRec(nn.Module):
         last ``last`` positions only; with ``targets (B, L)`` (0: no target), the scores at the ``N`` positions that
         have a target only (:class:`TargetScores`, items ``1..V``: the output layer, ``L·V`` scores a sample,
         dominates the cost at a large vocabulary)."""
-        h = self.hidden(items)
+        h = self.hidden(items, packed=targets is not None)
         if targets is not None:
             mask = targets > 0
             with rows_of(mask.nonzero()[:, 0]):                      # each row's sample, for private training

@@ -396,9 +396,14 @@ def scale_rule(features: Callable[[nn.Module, Tensor], Tensor], weight: str = "w
     """A rule for ``y = γ ⊙ x̃ + β`` per feature, ``x̃ = features(module, saved input)``::
 
         ∇γ_i = Σ_t x̃_{i,t} ⊙ G_{i,t}          ∇β_i = Σ_t G_{i,t}
-    """
+
+    (on packed rows: the sums over sample ``i``'s rows)."""
     def grads(module: nn.Module, calls: list[Call]) -> dict[str, Tensor]:
         params = own(module)
+        if any(c.index is not None for c in calls):
+            r = rows([(features(module, c.saved[0]), c.grad, c.index) for c in calls], calls[0].batch)
+            per_sample = {weight: Rows(r.a, r.a * r.g, r.index, r.batch), "bias": r}
+            return {n: v.summed() for n, v in per_sample.items() if n in params}
         g = join([as_sequence(c.grad) for c in calls])
         out = {}
         if weight in params:
@@ -408,7 +413,9 @@ def scale_rule(features: Callable[[nn.Module, Tensor], Tensor], weight: str = "w
             out["bias"] = summed(g)
         return out
 
-    return vector_rule(_affine_capture, grads)
+    rule = vector_rule(_affine_capture, grads)
+    rule.packed = True
+    return rule
 
 
 def normalized(module: nn.Module, x: Tensor) -> Tensor:

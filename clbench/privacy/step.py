@@ -250,7 +250,7 @@ class PrivateTraining(Callback):
         outputs (:meth:`~clbench.privacy.tape.Tape.batch_gradient`), or ``.grad`` when no model forward was seen."""
         reference = self.reference if self.reference is not None else {p: p.grad for p in params}
         self.tape.explain(reference, reference[next(iter(reference))].new_ones(self.batch))
-        self.unchecked, self.reference = False, None
+        self.unchecked, self.reference, self.tape.keep_outputs, self.tape.outputs = False, None, False, []
 
     def privatize(self, params: list[nn.Parameter]) -> Tensor:
         """Replace each ``p.grad`` (the mean-loss gradient of this batch) by the private gradient; returns the
