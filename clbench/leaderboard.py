@@ -79,7 +79,7 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
 
 def identity(record: dict) -> tuple[dict[str, str], dict[str, str]]:
     """``(scenario part, strategy part)`` of the record's identity as flat ``{key: JSON value}`` maps (the seed,
-    device, labels and observing callbacks are not part of it)."""
+    device, labels and observing callbacks are not part of it; ``amp`` is, when true)."""
     spec = record["spec"]
     scenario: dict[str, str] = {}
     _flatten("", {"name": spec["scenario"]["name"], **(spec["scenario"].get("args") or {})}, scenario)
@@ -89,6 +89,8 @@ def identity(record: dict) -> tuple[dict[str, str], dict[str, str]]:
     others = {k: v for k, v in strategy_spec.items() if k not in ("name", "label", "preset", "args") and v}
     if record.get("checkpoints"):       # the content of the checkpoints read (init): same path, other weights
         others["checkpoints"] = record["checkpoints"]
+    if spec.get("amp"):                 # bf16 autocast (--amp): another experiment than float32 (RunSpec.identity)
+        others["amp"] = True
     strategy: dict[str, str] = {}
     _flatten("", {"name": strategy_spec["name"], **resolved, **others}, strategy)
     strategy["code"] = json.dumps(record.get("code_fingerprint") or "unknown")

@@ -23,7 +23,6 @@ under ``<out>/artifacts/<run_id>/``. A record holds no absolute path: a copied r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -46,6 +45,7 @@ from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, resolve_device
 from clbench.errors import NonFiniteLossError, OutputError
 from clbench.loggers import ALWAYS_ON
+from clbench.precision import autocast
 from clbench.protocol import (
     ParamCount,
     Scenario,
@@ -228,25 +228,6 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
                 record_files.write_owner(out_dir / relative, record)
                 record.state_dir = relative.as_posix()
     callbacks.on_run_end(record.metrics)
-
-
-def autocast(amp: bool, device: torch.device) -> contextlib.AbstractContextManager:
-    """``--amp``: one bf16 autocast region around the whole run (every training and evaluation step), on CPU and
-    CUDA alike, with autocast's weight cache OFF (``cache_enabled=False``); without ``amp`` a null context.
-
-    The cache keeps the bf16 copy of each fp32 leaf weight until the OUTERMOST autocast region exits, so with one
-    region around the run every forward pass would use the bf16 copy of the INITIAL weights: the loss does not move
-    and evaluation scores the initial model (the quick suite on an H200: joint last_acc 7.96 vs 94.07 in fp32).
-    Without the cache each op casts the weight it reads as it is now. Entering autocast per forward pass instead
-    would need one entry in every training loop (Avalanche's templates and their plugins' own forwards, ``fit``,
-    MER's inner steps, the evaluators); one region here covers them all. Backward passes and optimizer steps run
-    inside the region too: backward ops run in the dtype of their forward ops whatever the region (PyTorch's
-    autocast notes) and optimizer updates are not autocast ops, so they stay in the parameters' fp32. Not scaled
-    (no GradScaler): bf16 has fp32's exponent range. Losses that autocast refuses or must see in fp32 (iCaRL's
-    BCE) leave the region themselves."""
-    if not amp:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
 
 
 def _extra_metrics(strategy: StrategyBase) -> dict[str, float]:

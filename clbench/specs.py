@@ -93,17 +93,20 @@ class RunSpec:
         return build_config(self.strategy.name, self.strategy.preset, self.strategy.args)
 
     def identity(self, config: Any = None) -> dict:
-        """What makes two runs the same run (device and amp excluded: they do not change the experiment): the suite,
-        the scenario entry, the strategy entry (its callbacks without the observers: :func:`identity_callbacks`)
-        with its resolved hyperparameters, the seed, and the content hash of
-        every checkpoint the hyperparameters name (``checkpoints``, only when there is one): overwriting a
-        checkpoint changes the identity, so resume runs again what read the old one. ``config``: this run's
+        """What makes two runs the same run: the suite, the scenario entry, the strategy entry (its callbacks
+        without the observers: :func:`identity_callbacks`) with its resolved hyperparameters, the seed, ``amp: True``
+        for a bf16 autocast run (only then: a float32 run's identity is the one it had before amp entered it; a bf16
+        run is another experiment, so resume does not mix the two), and the content hash of every checkpoint the
+        hyperparameters name (``checkpoints``, only when there is one): overwriting a checkpoint changes the
+        identity, so resume runs again what read the old one. The device is left out. ``config``: this run's
         :meth:`config`, when the caller has built it already."""
         resolved = config_dict(self.config() if config is None else config)
         strategy = {**dataclasses.asdict(self.strategy), "resolved": resolved}
         strategy["callbacks"] = identity_callbacks(strategy["callbacks"])
         identity = {"suite": self.suite, "scenario": dataclasses.asdict(self.scenario), "strategy": strategy,
                     "seed": self.seed}
+        if self.amp:
+            identity["amp"] = True
         checkpoints = checkpoint_hashes(resolved, self.scenario.name)
         if checkpoints:
             identity["checkpoints"] = checkpoints

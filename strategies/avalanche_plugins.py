@@ -55,12 +55,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 from types import SimpleNamespace
 from typing import ClassVar
 from unittest import mock
 
 import torch
+from avalanche.models.bic_model import BiasLayer
 from avalanche.training import MER, Naive
 from avalanche.training.plugins import (
     BiCPlugin,
@@ -79,6 +81,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.optim.lr_scheduler import MultiStepLR
 
+from clbench.precision import in_float32
 from clbench.protocol import ClassificationInfo
 from clbench.strategies.baselines import AvalancheStrategy
 
@@ -159,8 +162,11 @@ class OfflineCoPEPlugin(CoPEPlugin):
         self.p_init_adaptive = True
 
     def before_training(self, strategy, **kwargs):
+        """Avalanche's set-up (its print silenced), the PPP loss then computed in float32 outside autocast
+        (:func:`clbench.precision.in_float32`): in bf16 its ``log(1 − P)`` is ``-inf`` once ``P`` rounds to 1."""
         with contextlib.redirect_stdout(io.StringIO()):
             super().before_training(strategy, **kwargs)
+        strategy._criterion = functools.partial(in_float32, self.ppp_loss)
 
     def after_training_iteration(self, strategy, **kwargs):
         """The prototype update after every mini-batch, instead of Avalanche's early stop."""
@@ -191,6 +197,18 @@ class OfflineMIRPlugin(MIRPlugin):
                               if len(buffer) > self.batch_size_mem else None)
 
 
+class CastBiasLayer(BiasLayer):
+    """BiC's bias layer ``y_c = α x_c + β`` on the classes ``c`` of the last experience, ``y_c = x_c`` on the others
+    (``x, y: (B, C)``), with ``α, β`` cast to ``x``'s dtype: under ``--amp`` the logits are bf16 and Avalanche's
+    layer writes the float32 ``α, β`` into bf16 tensors, which torch refuses."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        alpha, beta = torch.ones_like(x), torch.zeros_like(x)
+        alpha[:, self.clss] = self.alpha.to(x.dtype)
+        beta[:, self.clss] = self.beta.to(x.dtype)
+        return alpha * x + beta
+
+
 class CorrectedBiCPlugin(BiCPlugin):
     """BiC (Wu et al., 2019) distilling towards the previous model's class distribution at temperature ``T``,
     ``CE(z_new / T, softmax(z_old / T))`` over the old classes (Avalanche 0.6: ``softmax(z_old / 2, dim=0)``, each
@@ -208,11 +226,13 @@ class CorrectedBiCPlugin(BiCPlugin):
         strategy.experience._dataset = reduced
 
     def bias_correction_step(self, strategy, **kwargs):
-        """Avalanche's stage 2, its ``MultiStepLR(..., verbose=False)`` built without ``verbose``."""
+        """Avalanche's stage 2, its ``MultiStepLR(..., verbose=False)`` built without ``verbose`` and its bias layer
+        a :class:`CastBiasLayer`."""
         def scheduler(optimizer, milestones, gamma, verbose=False):
             return MultiStepLR(optimizer, milestones=milestones, gamma=gamma)
 
-        with mock.patch.object(avalanche_bic, "MultiStepLR", scheduler):
+        with (mock.patch.object(avalanche_bic, "MultiStepLR", scheduler),
+              mock.patch.object(avalanche_bic, "BiasLayer", CastBiasLayer)):
             super().bias_correction_step(strategy, **kwargs)
 
     def cross_entropy(self, new_outputs: Tensor, old_outputs: Tensor) -> Tensor:

@@ -19,11 +19,14 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+from unittest import mock
 
 import torch
 from avalanche.models.utils import avalanche_forward
 from avalanche.training import DER, EWC, Cumulative, GDumb, ICaRL, JointTraining, LwF, Naive, Replay
+from avalanche.training.losses import ICaRLLossPlugin
 from avalanche.training.plugins import EvaluationPlugin, SupervisedPlugin
+from avalanche.training.supervised import icarl as avalanche_icarl
 from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
 
@@ -31,6 +34,7 @@ from clbench import progress
 from clbench.callbacks import bridge
 from clbench.models.checkpoint import load_weights
 from clbench.models.classifier import build_classifier
+from clbench.precision import in_float32
 from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
 from clbench.registry import STRATEGIES
 from clbench.training import OPTIMIZERS
@@ -228,6 +232,17 @@ class ICaRLConfig(TrainConfig):
     weight_decay: float = 1e-5
 
 
+class Float32ICaRLLoss(ICaRLLossPlugin):
+    """Avalanche's iCaRL loss ``BCE(σ(z), t)`` (``t_c = σ(z_old)_c`` on the old classes, ``1[c = y]`` on the others)
+    computed in float32 with autocast off (:func:`clbench.precision.in_float32`): under ``--amp`` CUDA autocast
+    refuses ``binary_cross_entropy`` and the bf16 ``σ(z_old)`` cannot be written into the float32 target."""
+
+    def __call__(self, logits: Tensor, targets: Tensor) -> Tensor:
+        if self.old_logits is not None:
+            self.old_logits = self.old_logits.float()
+        return in_float32(super().__call__, logits, targets)
+
+
 @STRATEGIES.register("icarl")
 class ICaRLStrategy(AvalancheStrategy):
     """iCaRL: herding exemplars, BCE + distillation, nearest-mean-of-exemplars classification (Rebuffi et al.)."""
@@ -242,10 +257,10 @@ class ICaRLStrategy(AvalancheStrategy):
             raise ValueError(f"icarl is a class-incremental method; scenario {self.info.name!r} is "
                              f"{'domain' if self.info.domain_incremental else 'task'}-incremental. "
                              f"Use it on a class-incremental scenario (e.g. mnist_fmnist with mode=class).")
-        template = ICaRL(feature_extractor=model.feature_extractor, classifier=model.classifier,
+        with mock.patch.object(avalanche_icarl, "ICaRLLossPlugin", Float32ICaRLLoss):
+            return ICaRL(feature_extractor=model.feature_extractor, classifier=model.classifier,
                          memory_size=self.config.mem_size, buffer_transform=None,
                          fixed_memory=self.config.fixed_memory, **common)
-        return template
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Round trips of a suite's settings: every field of every entry of every shipped suite YAML reaches the RunSpec,
 the scenario factory, the strategy's Config and the run record unchanged; ``RunSpec.from_dict(spec.to_dict()) ==
-spec``; the identity hash ignores key order and device/amp and changes with any field that makes another experiment.
+spec``; the identity hash ignores key order and the device, holds amp when true, and changes with any field
+that makes another experiment.
 
 A setting that is dropped on the way (a scenario's ``args``, a strategy's ``preset``, a ``dp`` block) gives a run of
 another experiment under the suite's name: the worst kind of wrong number, since nothing fails.
@@ -165,14 +166,17 @@ def _base() -> RunSpec:
                                  ({"name": "hook_trace", "args": {"batches": 2}},)), 0)
 
 
-def test_identity_hash_ignores_key_order_device_and_amp():
+def test_identity_hash_ignores_key_order_and_device_and_holds_amp_only_when_true():
     spec = _base()
     identity = spec.identity()
     assert list(_reorder(identity)) != list(identity)
     assert config.config_hash(_reorder(identity)) == config.config_hash(identity)
     assert config.config_hash(json.loads(json.dumps(identity))) == config.config_hash(identity)
-    same = dataclasses.replace(spec, device="cuda", amp=True)
+    same = dataclasses.replace(spec, device="cuda")
     assert config.config_hash(same.identity()) == config.config_hash(identity)
+    assert "amp" not in identity            # float32 records keep the hash they had before amp entered the identity
+    bf16 = dataclasses.replace(spec, amp=True).identity()
+    assert bf16 == {**identity, "amp": True} and config.config_hash(bf16) != config.config_hash(identity)
     flipped = dataclasses.replace(spec, strategy=dataclasses.replace(spec.strategy, args={"lr": 0.01, "mem_size": 50}))
     assert config.config_hash(flipped.identity()) == config.config_hash(identity)
 

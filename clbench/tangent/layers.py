@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from timm.layers import LayerScale
 from torch import Tensor, nn
 
+from clbench.precision import float32
+
 Pair = tuple[Tensor, Tensor | None]
 
 
@@ -68,7 +70,7 @@ class TangentLinear(nn.Module):
             return y, None if xd is None else F.linear(xd, self.weight0)
         yd = F.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)  # (M, D_out), M = all leading dims
         if xd is not None:  # ẏ += ẋ W0ᵀ inside the GEMM (β = 1): no separate pass adds the two terms
-            yd.addmm_(xd.reshape(-1, xd.shape[-1]), self.weight0.t())
+            yd.addmm_(xd.reshape(-1, xd.shape[-1]).to(yd.dtype), self.weight0.t().to(yd.dtype))
         return y, yd.view(y.shape)
 
 
@@ -126,6 +128,10 @@ class TangentLayerNorm(nn.Module):
     with ``mean`` over ``D``; ``Δγ, Δβ: (D,)`` are the parameters ``weight`` / ``bias``. Both terms are fused kernels:
     ``Δγ ⊙ x̂ + Δβ`` is a LayerNorm of ``x`` with affine ``(Δγ, Δβ)``, and ``dx̂ = J ẋ`` with the symmetric
     Jacobian ``J = (I − 11ᵀ/D − x̂x̂ᵀ/D)/σ`` is LayerNorm's (affine-free) backward kernel applied to ``ẋ``.
+
+    A bf16/fp16 ``x`` or ``ẋ`` (``--amp``: the outputs of autocast's bf16 GEMMs) is normalized in float32, and
+    ``y, ẏ`` are float32, as CUDA autocast runs ``layer_norm``; the kernels need one dtype for ``ẋ``, ``x`` and
+    the statistics.
     """
 
     def __init__(self, norm: nn.LayerNorm, delta: bool = True) -> None:
@@ -139,7 +145,7 @@ class TangentLayerNorm(nn.Module):
         self.bias = _delta_like(norm.bias, delta)
 
     def forward(self, x: Tensor, xd: Tensor | None) -> Pair:
-        shape = x.shape[-1:]
+        x, xd, shape = float32(x), float32(xd), x.shape[-1:]
         # Δγ ⊙ x̂ + Δβ (a LayerNorm without Δ has neither: Δβ exists only beside Δγ)
         yd = None if self.weight is None else F.layer_norm(x, shape, self.weight, self.bias, self.eps)
         if xd is None:
