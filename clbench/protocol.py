@@ -261,17 +261,20 @@ def check_callback(name: str, factory: Any) -> None:
 def hooks_checked(strategy: StrategyBase, step: int):
     """Around ``strategy.train(step)``: raise :class:`StrategyContractError` if an optimizer of this process took a
     step while no ``on_batch_start`` fired (a loop of its own that bypasses the callbacks: no NaN guard, no private
-    step, no training log). Training in other processes (shard members) is checked there. (Only the batch start is
-    checked: a loop that fires it but not ``after_forward`` / ``after_backward`` / ``after_step`` around its steps,
-    as Avalanche's MER template did before :class:`~clbench.strategies.avalanche_plugins.HookedMER`, passes.)"""
+    step, no training log); inside, :func:`clbench.training.fit` called without ``callbacks=`` fires the
+    strategy's. Training in other processes (shard members) is checked there. (Only the batch start is checked: a
+    loop that fires it but not ``after_forward`` / ``after_backward`` / ``after_step`` around its steps, as
+    Avalanche's MER template did before :class:`~clbench.strategies.avalanche_plugins.HookedMER`, passes.)"""
     from clbench.callbacks import BATCH_HOOKS_FIRED
+    from clbench.training import strategy_training
 
     steps = [0]
     handle = register_optimizer_step_post_hook(
         lambda optimizer, args, kwargs: steps.__setitem__(0, steps[0] + 1))
     before = BATCH_HOOKS_FIRED["on_batch_start"]
     try:
-        yield
+        with strategy_training(strategy.callbacks):     # fit(...) without callbacks= fires the strategy's
+            yield
     finally:
         handle.remove()
     if steps[0] and BATCH_HOOKS_FIRED["on_batch_start"] == before:

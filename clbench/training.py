@@ -5,7 +5,11 @@ loop, and the optimizers every loop builds from.
 :mod:`clbench.callbacks` hooks (``on_batch_start``, ``after_forward`` — which also fails the run on a non-finite
 loss —, ``after_backward``, ``after_step``), exactly as :class:`~clbench.callbacks.CallbackPlugin` does inside an
 Avalanche template. Tangent members, NLFT, sequence models, pretraining (:func:`fit_dataset`, over a dataset with
-per-sample augmentation) and future non-template strategies train through it.
+per-sample augmentation) and future non-template strategies train through it. Called without ``callbacks=`` while a
+strategy trains in a run (:func:`strategy_training`, entered by the runner around ``strategy.train``), it fires the
+strategy's callbacks: a strategy of one's own that forgets to pass them still writes its training log and artifacts,
+trains privately when asked and keeps the NaN guard (pass ``callbacks=CallbackList()`` to train an auxiliary model
+without them). Outside a run (pretraining, a benchmark) it fires none but the NaN guard.
 
 :class:`Schedule` is the one learning-rate schedule (warm-up, then milestone steps, cosine, linear decay or one
 cycle; per epoch or per step). A strategy writes its ``lr`` into a Schedule once; :func:`build_optimizer` starts the
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -192,6 +197,20 @@ class FitSettings:
         return build_optimizer(self.optimizer, params, self.schedule, self.weight_decay, self.momentum)
 
 
+_STRATEGY_CALLBACKS: list[CallbackList] = []      # the callbacks of the strategy training now (innermost last)
+
+
+@contextmanager
+def strategy_training(callbacks: CallbackList) -> Iterator[None]:
+    """While inside: :func:`fit` and :func:`fit_dataset` called without ``callbacks=`` fire ``callbacks`` (the
+    strategy's, set up by the runner), not an empty list."""
+    _STRATEGY_CALLBACKS.append(callbacks)
+    try:
+        yield
+    finally:
+        _STRATEGY_CALLBACKS.pop()
+
+
 def fit(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[nn.Parameter], inputs: Tensor,
         targets: Tensor, objective: Callable[[Tensor, Tensor], Tensor], settings: FitSettings, seed: int,
         callbacks: CallbackList | None = None) -> int:
@@ -199,7 +218,8 @@ def fit(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[
     ``seed``) for ``settings.epochs`` epochs; ``inputs: (M, ...)``, ``targets: (M,)``. ``model`` is the module whose
     gradients ``after_backward`` shows (``forward`` is usually ``model`` or one of its methods). A callback may
     replace the minibatch sampling (``callbacks.batch_sampler``: private training draws Poisson batches from the
-    same generator). Returns the number of optimizer steps."""
+    same generator). ``callbacks``: None fires the callbacks of the strategy training now (:func:`strategy_training`;
+    none outside a run). Returns the number of optimizer steps."""
     generator = torch.Generator().manual_seed(seed)
 
     def epoch_batches(plan: BatchPlan | None, epoch: int) -> Iterator[tuple[Tensor, Tensor]]:
@@ -239,7 +259,8 @@ def _loop(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterabl
     ``(x, y)`` of one epoch over ``n`` samples (``plan``: the callbacks' batch plan, or None). The rate comes from
     ``settings.schedule``: set before each epoch or before each of the ``T = epochs·⌈n/batch_size⌉`` steps (a
     callback's batch plan, such as dp's Poisson sampling, draws ⌈n/batch_size⌉ minibatches per epoch too)."""
-    callbacks = callbacks if callbacks is not None else CallbackList()
+    if callbacks is None:
+        callbacks = _STRATEGY_CALLBACKS[-1] if _STRATEGY_CALLBACKS else CallbackList()
     params = list(params)
     optimizer = settings.make_optimizer(params)
     plan = callbacks.batch_sampler(n, settings.batch_size, settings.epochs)
@@ -264,4 +285,5 @@ def _loop(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterabl
     return steps
 
 
-__all__ = ["DECAYS", "OPTIMIZERS", "FitSettings", "Schedule", "build_optimizer", "fit", "fit_dataset"]
+__all__ = ["DECAYS", "OPTIMIZERS", "FitSettings", "Schedule", "build_optimizer", "fit", "fit_dataset",
+           "strategy_training"]
