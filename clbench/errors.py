@@ -41,6 +41,12 @@ def suggest(key: str, known: Iterable[str]) -> str:
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
+PLUGIN_HINT = ("If it comes from a plugin, pass --plugins MODULE_OR_FILE (or name it under the suite's plugins:) "
+               "or install its package.")
+"""The end of an unknown-name error of a plugin registry (:meth:`clbench.registry.Registry.get`): a name of one's
+own is unknown until its module is loaded."""
+
+
 def check_keys(where: str, given: dict, known: Iterable[str]) -> None:
     """A :class:`ConfigError` naming ``where`` for the first key of ``given`` that is not in ``known``."""
     known = list(known)

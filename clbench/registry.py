@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from clbench import plugins as discovery
+from clbench.errors import PLUGIN_HINT
 from clbench.plugins import PluginError, load_plugin, load_plugins
 
 T = TypeVar("T")
@@ -112,8 +113,9 @@ class Registry(Generic[T]):
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         broken = f" Plugin modules that failed to load: {', '.join(sorted(discovery.UNAVAILABLE))}." \
             if discovery.UNAVAILABLE and self.discovered else ""
+        plugin = f" {PLUGIN_HINT}" if self.discovered else ""
         raise UnknownNameError(f"unknown {self.kind} {name!r}.{hint} Known {self.plural}: {', '.join(self.names())}."
-                               f"{broken} List them with `clbench list`.")
+                               f"{broken} List them with `clbench list`.{plugin}")
 
     def names(self) -> list[str]:
         """Every name: registered ones and, for a plugin registry, those declared by modules not imported yet."""

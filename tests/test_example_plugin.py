@@ -58,3 +58,15 @@ def test_installed_plugin_is_listed_and_runs_in_a_suite(venv):
 
     # the plugin is an installed package, not something this test process can see
     assert subprocess.run([sys.executable, "-c", "import clbench_example_plugin"], capture_output=True).returncode
+
+
+def test_a_suite_naming_a_plugin_that_is_not_loaded_says_how_to_load_it(tmp_path, capsys):
+    """The example suite without its plugin (not installed in this environment): the one error line names the plugin
+    route (--plugins or installing the package) besides the close names, and no output folder is made."""
+    from clbench.cli import main
+
+    assert main(["--suite", str(EXAMPLE / "suite.yaml"), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "unknown scenario 'rings'" in err
+    assert "pass --plugins MODULE_OR_FILE" in err and "install its package" in err
+    assert not (tmp_path / "out").exists()
