@@ -1,8 +1,9 @@
 """A strategy's hyperparameters: its ``Config`` dataclass built from the defaults (the paper's values), then one of
 its named ``PRESETS`` (``cpu`` for 2-core machines, ``full`` for the paper's GPU setting), then a suite entry's
-``args`` — every value checked against the field's annotation and range (:mod:`clbench.typecheck`, where every
-range lives), ``model``/``head``/``optimizer`` names against their registries and ``model_args`` against the named
-model factory — and what the run identity takes from it (:func:`config_hash`, :func:`checkpoint_hashes`).
+``args`` — every value checked against the field's annotation and what the field declares beside it (range,
+choices, the setting it is used only with: :func:`clbench.typecheck.setting`; generic names by
+:data:`clbench.typecheck.RANGES`), ``model_args`` against the named model factory — and what the run identity takes
+from it (:func:`config_hash`, :func:`checkpoint_hashes`).
 
 Suite files are parsed by :mod:`clbench.suite_file` into the specs of :mod:`clbench.specs`."""
 
@@ -64,31 +65,15 @@ def _resolve(strategy_name: str, preset: str | None, overrides: dict, where: str
     return config_cls, values, checked
 
 
-USED_ONLY_WITH: dict[str, tuple[str, typing.Callable[[Any], bool], str]] = {
-    "momentum": ("optimizer", lambda v: v == "sgd", "sgd"),        # Adam and AdamW keep torch's beta1
-    "decay_factor": ("mode", lambda v: v == "online", "online"),  # EWC's separate mode keeps every matrix as it is
-    "alpha": ("loss", lambda v: v == "mse", "mse"),                # the rescaled square loss's α and κ (tangent)
-    "kappa": ("loss", lambda v: v == "mse", "mse"),
-    "sigma_dp": ("attention", lambda v: v == "reattention", "reattention"),      # Re-Attention's error model
-    "error_scale": ("attention", lambda v: v == "reattention", "reattention"),
-    "prior_noise": ("attention", lambda v: v == "reattention", "reattention"),
-    "prune_lambda": ("prune", lambda v: v is True, "true"),        # DER's channel-mask pruning
-    "prune_s_max": ("prune", lambda v: v is True, "true"),
-    "prune_init": ("prune", lambda v: v is True, "true"),
-    "crop_padding": ("augment", lambda v: "crop" in v, "a list with crop"),     # DyTox's random crop
-    "warmup_lr": ("warmup_epochs", lambda v: v > 0, "at least 1"),               # DyTox's warm-up start
-}
-"""Config fields used only when another field of the same Config has some value: ``{field: (other field, test of
-its value, what the test asks for)}``. Setting such a field in a suite's ``args`` while the other field fails the
-test would change nothing, so it is refused at load (a Config without the other field imposes nothing)."""
-
-
 def _check_used(where: str, config: Any, overrides: dict) -> None:
-    for name, (other, used, wanted) in USED_ONLY_WITH.items():
-        if name in overrides and hasattr(config, other) and not used(getattr(config, other)):
-            raise ConfigError(f"{where}: args.{name} is used only with {other}: {wanted} (this entry's {other} is "
-                              f"{brief(getattr(config, other))}), so it would change nothing; remove it or set "
-                              f"{other}.")
+    """Refuse a field set in ``overrides`` that is used only with another field's value (its declared
+    :class:`~clbench.typecheck.UsedOnlyWith`) while that field has another: it would change nothing."""
+    for name, declared in typecheck.declarations(type(config)).items():
+        need = declared.only_with
+        if need is not None and name in overrides and not need.test(getattr(config, need.other)):
+            raise ConfigError(f"{where}: args.{name} is used only with {need.other}: {need.wanted} (this entry's "
+                              f"{need.other} is {brief(getattr(config, need.other))}), so it would change nothing; "
+                              f"remove it or set {need.other}.")
 
 
 def _instantiate(config_cls: type, values: dict, where: str) -> Any:
@@ -99,43 +84,19 @@ def _instantiate(config_cls: type, values: dict, where: str) -> Any:
 
 
 def _checked_fields(where: str, config_cls: type, values: dict, below: dict) -> dict:
-    """``values`` (Config field -> value) checked: known fields, annotations and ranges, ``model``/``head`` names
-    (:data:`NAMED_CHOICES`) and ``model_args`` against the signature of the model named in ``values``, else in
-    ``below`` (the preset's values), else by the Config (a field default or a class attribute ``model``)."""
+    """``values`` (Config field -> value) checked: known fields, annotations, and each field's declared range and
+    choices (:func:`clbench.typecheck.declarations`), ``model_args`` against the signature of the model named in
+    ``values``, else in ``below`` (the preset's values), else by the Config (a field default or a class attribute
+    ``model``)."""
     check_keys(where, values, [f.name for f in dataclasses.fields(config_cls)])
     try:
-        checked = typecheck.check_values(values, type_hints(config_cls))
+        checked = typecheck.check_values(values, type_hints(config_cls), declared=typecheck.declarations(config_cls))
     except typecheck.TypeMismatch as exc:
         raise ConfigError(f"{where}.{exc}") from None
-    for name, choices in NAMED_CHOICES.items():
-        value = checked.get(name)
-        if value is not None and value not in choices():
-            raise ConfigError(f"{where}.{name}: unknown {name} {brief(value)}.{suggest(str(value), choices())} "
-                              f"Choose one of: {', '.join(choices())}.")
     if "model_args" in checked:
         model = checked.get("model", below.get("model", getattr(config_cls, "model", "auto")))
         checked["model_args"] = _checked_model_args(f"{where}.model_args", model, checked["model_args"])
     return checked
-
-
-def _head_names() -> list[str]:
-    from clbench.models.classifier import HEADS
-
-    return ["auto", *HEADS]
-
-
-def _optimizer_names() -> list[str]:
-    from clbench.training import OPTIMIZERS
-
-    return OPTIMIZERS.names()
-
-
-# Config fields whose value must be a name from a registry or a fixed set, by field name (every strategy)
-NAMED_CHOICES: dict[str, typing.Callable[[], list[str]]] = {
-    "model": lambda: ["auto", *MODELS.names()],
-    "head": _head_names,
-    "optimizer": _optimizer_names,
-}
 
 
 def _checked_model_args(where: str, model: str, args: Any) -> dict:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 import errno
 from collections.abc import Iterable
 from pathlib import Path
 
-from clbench.typecheck import brief
+from clbench.typecheck import brief, suggest
 
 
 class NonFiniteLossError(RuntimeError):
@@ -33,12 +32,6 @@ class OutputError(RuntimeError):
 class ConfigError(ValueError):
     """A suite file, hyperparameter set or command-line choice that cannot be used as written; the message says
     what to change. The command line prints it as one line and exits with code 2."""
-
-
-def suggest(key: str, known: Iterable[str]) -> str:
-    """The hint ``" Did you mean 'x'?"`` for the names of ``known`` close to ``key`` (empty when none is)."""
-    close = difflib.get_close_matches(key, list(known), n=2, cutoff=0.5)
-    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 PLUGIN_HINT = ("If it comes from a plugin, pass --plugins MODULE_OR_FILE (or name it under the suite's plugins:) "

@@ -17,6 +17,8 @@ The strategy contract (:class:`StrategyBase`), checked when a strategy registers
         PRESETS = {"cpu": {...}, "full": {}}       # named overrides of Config fields
         offline = False                            # True: one train() call with the list of all experiences
         private = False                            # True: may train with dp (each call its own data, batch-mean loss)
+        scenario_kinds = (CLASSIFICATION,)         # the kinds of scenario it serves (NEXT_ITEM: item sequences)
+        private_needs = (NO_REHEARSAL_MEMORY,)     # what its Config must satisfy to train with dp
 
         def __init__(self, info, device, config):  # call super().__init__(info, device, config) first
         def train(self, experience) -> None        # one experience (Avalanche experience for classification)
@@ -32,6 +34,11 @@ strategy passes it to :func:`clbench.callbacks.bridge`, a non-template one to :f
 checks it (:func:`hooks_checked`): a ``train`` call that steps an optimizer while no batch hook fires is a contract
 violation, and so is a subclass that skips ``super().__init__`` (named as such when ``self.callbacks`` is missing).
 
+What a strategy needs is declared on its class and checked when a suite loads (:mod:`clbench.suite_file`), before
+any run: ``scenario_kinds`` against each scenario's kind (:func:`scenario_kind`: a factory's ``kind`` attribute,
+:data:`CLASSIFICATION` when it declares none; a :data:`NEXT_ITEM` scenario's info has ``extra["n_items"]``), and,
+for an entry trained with ``dp``, ``private_needs`` (each a :class:`PrivateNeed`) against its Config.
+
 Scenario factories (:func:`check_scenario`) take a keyword ``seed``; callbacks (:func:`check_callback`) are
 :class:`~clbench.callbacks.Callback` subclasses or factories returning one.
 """
@@ -41,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -49,6 +56,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from clbench.typecheck import declarations
 
 if TYPE_CHECKING:
     from clbench.metrics import MetricSpec
@@ -154,6 +163,40 @@ class Scenario:
     benchmark: Any = None
 
 
+# ----------------------------------------------------------------------------------------------- scenario kinds
+CLASSIFICATION = "classification"
+"""A scenario of labelled samples (:class:`ClassificationInfo`), scored by accuracy."""
+NEXT_ITEM = "next_item"
+"""A scenario of item sequences whose info has ``extra["n_items"]`` (predictions score every item), ranked."""
+
+
+def scenario_kind(factory: Any) -> str:
+    """The kind of scenario a registered factory builds: its ``kind`` attribute, :data:`CLASSIFICATION` if none."""
+    return getattr(factory, "kind", CLASSIFICATION)
+
+
+@dataclass(frozen=True)
+class PrivateNeed:
+    """What a strategy's Config must satisfy to train with ``dp``: ``allows(value of field)``, else ``refusal``
+    (formatted with ``value``) says why and what to set. A Config without ``field`` satisfies it."""
+
+    field: str
+    allows: Callable[[Any], bool]
+    refusal: str
+
+    def check(self, config: Any) -> None:
+        """Raise ``ValueError`` with the refusal when ``config`` does not satisfy this need."""
+        if hasattr(config, self.field) and not self.allows(getattr(config, self.field)):
+            raise ValueError(self.refusal.format(value=getattr(config, self.field)))
+
+
+NO_REHEARSAL_MEMORY = PrivateNeed(
+    "mem_size", lambda size: not size,
+    "dp with a rehearsal memory (mem_size {value}) is refused: replayed samples are trained on in several "
+    "experiences, so the per-experience epsilon would understate theirs; set mem_size: 0.")
+"""No rehearsal memory under ``dp``: the memory's samples come back in later experiences, each accounted alone."""
+
+
 # ----------------------------------------------------------------------------------------------------- strategies
 class StrategyBase:
     """The strategy contract (see the module docstring). Subclasses set ``Config`` and ``PRESETS`` and implement
@@ -163,6 +206,14 @@ class StrategyBase:
     PRESETS: ClassVar[dict[str, dict]] = {}
     offline: ClassVar[bool] = False
     private: ClassVar[bool] = False      # True: each training call uses its own data and a batch-mean loss (dp allowed)
+    scenario_kinds: ClassVar[tuple[str, ...]] = (CLASSIFICATION,)   # the scenario kinds it serves
+    private_needs: ClassVar[tuple[PrivateNeed, ...]] = (NO_REHEARSAL_MEMORY,)   # its Config under dp
+
+    @classmethod
+    def check_private(cls, config: Any) -> None:
+        """Raise ``ValueError`` (one line) when ``config`` fails one of :attr:`private_needs` (a ``dp`` entry)."""
+        for need in cls.private_needs:
+            need.check(config)
 
     def __init__(self, info: ScenarioInfo, device: torch.device | str, config: Any) -> None:
         from clbench.callbacks import CallbackList  # imported here: registering a callback checks it with this module
@@ -234,6 +285,17 @@ def check_strategy(name: str, cls: Any) -> None:
     for flag in ("offline", "private"):
         if not isinstance(getattr(cls, flag, False), bool):
             raise StrategyContractError(f"{where}: {flag} must be True or False, got {getattr(cls, flag)!r}.")
+    kinds = cls.scenario_kinds
+    if not (isinstance(kinds, tuple) and kinds and all(isinstance(k, str) for k in kinds)):
+        raise StrategyContractError(f"{where}: scenario_kinds must be a non-empty tuple of scenario kinds "
+                                    f"(CLASSIFICATION, NEXT_ITEM, ...), got {kinds!r}.")
+    if not (isinstance(cls.private_needs, tuple) and all(isinstance(n, PrivateNeed) for n in cls.private_needs)):
+        raise StrategyContractError(f"{where}: private_needs must be a tuple of clbench.protocol.PrivateNeed, got "
+                                    f"{cls.private_needs!r}.")
+    for name, declared in declarations(config).items():
+        if declared.only_with is not None and declared.only_with.other not in fields:
+            raise StrategyContractError(f"{where}: Config field {name!r} is declared used only with "
+                                        f"{declared.only_with.other!r}, which is not a field of {config.__name__}.")
 
 
 def check_scenario(name: str, factory: Any) -> None:

@@ -20,8 +20,9 @@ or one of its named ``PRESETS`` (``cpu`` for 2-core machines, ``full`` for the p
 Everything is checked when the suite loads, before any run starts, and every mistake is a :class:`ConfigError`
 naming the file, the entry and the key: unknown keys (with a suggestion), values of the wrong type or out of range
 for every field, nested ones included (:mod:`clbench.typecheck`: a strategy ``Config``'s annotations, a scenario
-factory's, the chosen model factory's for ``model_args``), ``model``/``head`` names, and names that become file
-names (suite, labels: :data:`SAFE_NAME`).
+factory's, the chosen model factory's for ``model_args``), the choices a Config field declares, names that become
+file names (suite, labels: :data:`SAFE_NAME`) and what each strategy declares it needs
+(:class:`clbench.protocol.StrategyBase`: the scenario kinds it serves; under ``dp``, its ``private_needs``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from clbench import typecheck
 from clbench.config import checked_config, type_hints
 from clbench.errors import ConfigError, check_keys, suggest
 from clbench.names import MAX_NAME, check_path_name
+from clbench.protocol import scenario_kind
 from clbench.registry import CALLBACKS, SCENARIOS, STRATEGIES, PluginError, load_plugin
 from clbench.specs import ScenarioEntry, StrategyEntry, SuiteSpec, check_seeds
 from clbench.typecheck import brief
@@ -143,8 +145,8 @@ def _parse_dp(where: str, raw: Any) -> tuple[dict, ...]:
 def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: Any = None) -> None:
     """Every ``dp`` callback of an entry (from its ``dp:`` key or its ``callbacks:`` list): a strategy that may train
     privately, a budget that can be used (:class:`clbench.privacy.step.DPConfig`), opacus installed (its
-    accountant computes the noise) and no rehearsal memory in the entry's resolved ``config`` (``mem_size`` > 0: the
-    memory's samples come back in later experiences, so each experience's epsilon would understate theirs)."""
+    accountant computes the noise) and the entry's resolved ``config`` meeting the strategy's declared
+    ``private_needs`` (:meth:`clbench.protocol.StrategyBase.check_private`: no rehearsal memory, by default)."""
     entries = [c for c in callbacks if c["name"] == "dp"]
     if not entries:
         return
@@ -161,10 +163,23 @@ def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: An
     if not _installed("opacus"):
         raise ConfigError(f"{where}: dp needs opacus (its accountant calibrates the noise), which is not installed: "
                           f"pip install 'clbench[dp]', or remove the dp entry.")
-    if getattr(config, "mem_size", 0):
-        raise ConfigError(f"{where}: dp with a rehearsal memory (mem_size {config.mem_size}): the memory's samples are "
-                          f"trained on again in later experiences, so the per-experience epsilon would understate "
-                          f"theirs; set mem_size: 0 or remove the dp entry.")
+    try:
+        STRATEGIES.get(strategy).check_private(config)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _check_kinds(source: str, scenarios: list[ScenarioEntry], strategies: list[StrategyEntry]) -> None:
+    """Every strategy serves the kind of every scenario it is crossed with (its declared ``scenario_kinds``,
+    :func:`clbench.protocol.scenario_kind`): a next-item model on images would fail only when its run starts."""
+    for i, strategy in enumerate(strategies):
+        kinds = STRATEGIES.get(strategy.name).scenario_kinds
+        for j, scenario in enumerate(scenarios):
+            kind = scenario_kind(SCENARIOS.get(scenario.name))
+            if kind not in kinds:
+                raise ConfigError(f"{source}: strategies[{i}] ({strategy.name}): it serves {' or '.join(kinds)} "
+                                  f"scenarios, and scenarios[{j}] ({scenario.name}) is a {kind} scenario; every "
+                                  f"strategy of a suite runs on every scenario, so put them in separate suites.")
 
 
 def _installed(module: str) -> bool:
@@ -234,6 +249,7 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         strategies.append(StrategyEntry(name=item["name"], preset=item.get("preset"),
                                         args=args, label=item.get("label", ""), callbacks=callbacks))
 
+    _check_kinds(source, scenarios, strategies)
     for kind, entries in (("scenario", scenarios), ("strategy", strategies)):
         keys = [e.key for e in entries]
         dupes = sorted({k for k in keys if keys.count(k) > 1})

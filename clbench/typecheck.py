@@ -13,23 +13,29 @@ Everything else must already have the annotated type: a ``bool`` is never a numb
 never a string, ``None`` only where the annotation allows it. In a union, a member the value already has wins over
 one it would be coerced to (``int | str`` keeps ``"1"`` a string). ``Literal`` values must be one of the listed ones.
 
-Value ranges live here and only here: :data:`RANGES` (by field name, then :data:`RANGE_SUFFIXES`,
-:data:`RANGE_PREFIXES`), so that every strategy, model and scenario gets them without code of its own (``epochs >=
-1``, ``mem_size >= 0``, ``lr > 0``, ``momentum`` in ``[0, 1]``...). The suite loader checks them on the values read
-(:func:`check_values`); a strategy's ``Config`` dataclass derives from :class:`RangeChecked`, so one built in Python
-is checked by the same function. A ``Config.__post_init__`` checks only what is not a range: names from a registry
-and settings that exclude each other.
+What a value may be, beyond its type, is declared beside the field it is for. A strategy's ``Config`` field
+says it with :func:`setting` (dataclass field metadata, a :class:`Declared`): its range (``within``), its choices
+(``choices``: a fixed set or a registry's names, checked element by element for a list) and another field of the same
+Config it is used only with (``only_with``). Only generic names keep a central rule, so that every strategy, model
+and scenario gets them without code of its own: :data:`RANGES` by exact name (``epochs >= 1``, ``mem_size >= 0``,
+``lr > 0``, ``momentum`` in ``[0, 1]``...), then :data:`RANGE_SUFFIXES` and :data:`RANGE_PREFIXES` (``*_size >= 1``,
+``n_* >= 1``). A Config number with neither a declaration nor a generic rule gets :data:`UNDECLARED` (``>= 0``: a
+plugin's ``train_experiences: -1`` is refused, and the message says how to declare another range). The suite loader
+checks all of it on the values read (:func:`check_values` with the Config's :func:`declarations`); a Config derives
+from :class:`RangeChecked`, so one built in Python gets the same checks. A ``Config.__post_init__`` checks only what
+no declaration can say: settings that exclude each other.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import reprlib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -48,6 +54,12 @@ def brief(value: Any) -> str:
     (nested anchors), and it is built lazily here, never in full."""
     text = _BRIEF.repr(value)
     return text if len(text) <= BRIEF_LENGTH else text[:BRIEF_LENGTH - 3] + "..."
+
+
+def suggest(key: str, known: Iterable[str]) -> str:
+    """The hint ``" Did you mean 'x'?"`` for the names of ``known`` close to ``key`` (empty when none is)."""
+    close = difflib.get_close_matches(key, list(known), n=2, cutoff=0.5)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 class TypeMismatch(ValueError):
@@ -72,6 +84,10 @@ class Range:
                 and (self.high is None or (x < self.high if self.open_high else x <= self.high)))
 
     def __str__(self) -> str:
+        if self.low is None and self.high is None:
+            return "any finite number"
+        if self.low is None:
+            return f"{'<' if self.open_high else '<='} {self.high:g}"
         if self.high is None:
             return f"{'>' if self.open_low else '>='} {self.low:g}"
         return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
@@ -79,18 +95,16 @@ class Range:
 
 AT_LEAST_1, NON_NEGATIVE, POSITIVE = Range(1), Range(0), Range(0, open_low=True)
 FRACTION, HALF_OPEN_FRACTION = Range(0, 1), Range(0, 1, open_high=True)
-# field name -> range; names not listed use the first matching suffix of RANGE_SUFFIXES, else no range
+UNDECLARED = NON_NEGATIVE
+"""The range of a Config number that declares none and has no generic rule (see the module docstring)."""
+
+# Generic names only (what any strategy, model or scenario may call a field): field name -> range; names not listed
+# use the first matching suffix of RANGE_SUFFIXES, then prefix of RANGE_PREFIXES. A strategy's own fields declare
+# their range beside them (:func:`setting`).
 RANGES: dict[str, Range] = {
-    "epochs": AT_LEAST_1, "first_epochs": AT_LEAST_1, "mem_size": NON_NEGATIVE, "lr": POSITIVE,
-    "momentum": FRACTION, "dropout": HALF_OPEN_FRACTION, "label_smoothing": HALF_OPEN_FRACTION,
-    "temperature": POSITIVE, "kd_tau": POSITIVE, "decay_factor": Range(0, 1, open_low=True), "lr_decay": POSITIVE,
-    "weight_decay": NON_NEGATIVE, "alpha": NON_NEGATIVE, "beta": NON_NEGATIVE, "ridge": NON_NEGATIVE,
-    "kappa": POSITIVE, "depth": AT_LEAST_1, "num_heads": AT_LEAST_1, "embed_dim": AT_LEAST_1,
-    "width": AT_LEAST_1, "hidden": AT_LEAST_1, "last_blocks": NON_NEGATIVE, "seed": NON_NEGATIVE,
-    "warmup": HALF_OPEN_FRACTION, "sigma_dp": NON_NEGATIVE, "prior_noise": POSITIVE, "loss_positions": AT_LEAST_1,
-    "route_holdout": NON_NEGATIVE, "prune_s_max": Range(1, open_low=True), "prune_init": POSITIVE,
-    "size": AT_LEAST_1, "prefix_length": AT_LEAST_1, "prefix_reparam": NON_NEGATIVE, "scale": POSITIVE,
-    "lora_alpha": POSITIVE,
+    "epochs": AT_LEAST_1, "mem_size": NON_NEGATIVE, "lr": POSITIVE, "momentum": FRACTION,
+    "weight_decay": NON_NEGATIVE, "dropout": HALF_OPEN_FRACTION, "seed": NON_NEGATIVE, "depth": AT_LEAST_1,
+    "num_heads": AT_LEAST_1, "embed_dim": AT_LEAST_1, "width": AT_LEAST_1, "hidden": AT_LEAST_1,
 }
 RANGE_SUFFIXES: tuple[tuple[str, Range], ...] = (
     ("_epochs", NON_NEGATIVE), ("_size", AT_LEAST_1), ("_lr", NON_NEGATIVE), ("_lambda", NON_NEGATIVE),
@@ -101,11 +115,78 @@ RANGE_PREFIXES: tuple[tuple[str, Range], ...] = (("n_", AT_LEAST_1),)
 
 
 def range_of(name: str) -> Range | None:
-    """The range :data:`RANGES` gives to a field called ``name`` (exact name, then suffix, then prefix)."""
+    """The generic range of a field called ``name`` (exact name in :data:`RANGES`, then suffix, then prefix)."""
     if name in RANGES:
         return RANGES[name]
     return next((r for suffix, r in RANGE_SUFFIXES if name.endswith(suffix)), None) or \
         next((r for prefix, r in RANGE_PREFIXES if name.startswith(prefix)), None)
+
+
+@dataclass(frozen=True)
+class UsedOnlyWith:
+    """A field used only when field ``other`` of the same Config passes ``test``: set in a suite while ``other``
+    fails it, it would change nothing, so it is refused at load. ``wanted`` says in words what ``test`` asks for;
+    ``example`` is a value of ``other`` that passes (tests set it to see the field act)."""
+
+    other: str
+    test: Callable[[Any], bool]
+    wanted: str
+    example: Any
+
+
+def only_with(other: str, value: Any) -> UsedOnlyWith:
+    """Used only when field ``other`` equals ``value`` (``only_with("optimizer", "sgd")``)."""
+    wanted = str(value).lower() if isinstance(value, bool) else str(value)
+    return UsedOnlyWith(other, lambda v: v == value, wanted, value)
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a Config field declares beside it (:func:`setting`): ``within`` its range (None: the generic rule of its
+    name, else :data:`UNDECLARED`), ``choices`` its allowed values (a collection, or a function returning one: a
+    registry's ``names``; for a list or tuple value, each element), ``only_with`` the setting it needs to act."""
+
+    within: Range | None = None
+    choices: Collection | Callable[[], Collection] | None = None
+    only_with: UsedOnlyWith | None = None
+
+    def allowed(self) -> list | None:
+        """The choices as a list (a registry's names read now), or None."""
+        if self.choices is None:
+            return None
+        return list(self.choices() if callable(self.choices) else self.choices)
+
+    def range_for(self, name: str) -> tuple[Range, bool]:
+        """``(range, declared)`` of a field called ``name``: its own, else the generic rule, else
+        :data:`UNDECLARED` (``declared`` False only then)."""
+        if self.within is not None:
+            return self.within, True
+        generic = range_of(name)
+        return (generic, True) if generic is not None else (UNDECLARED, False)
+
+
+METADATA_KEY = "clbench"
+NOTHING_DECLARED = Declared()
+
+
+def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+            within: Range | None = None, choices: Collection | Callable[[], Collection] | None = None,
+            only_with: UsedOnlyWith | None = None) -> Any:
+    """A Config field with its declaration (:class:`Declared`) as dataclass metadata::
+
+        optimizer: str = setting("sgd", choices=OPTIMIZERS.names)
+        kd_tau: float = setting(1.0, within=POSITIVE)
+        momentum: float = setting(0.9, only_with=only_with("optimizer", "sgd"))
+
+    The default (or ``default_factory``) is the field's; the metadata changes neither the value nor the identity."""
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={METADATA_KEY: Declared(within, choices, only_with)})
+
+
+def declarations(config_cls: type) -> dict[str, Declared]:
+    """``{field: Declared}`` for every field of a Config dataclass (:data:`NOTHING_DECLARED` where it declares
+    nothing)."""
+    return {f.name: f.metadata.get(METADATA_KEY, NOTHING_DECLARED) for f in dataclasses.fields(config_cls)}
 
 
 def type_name(tp: Any) -> str:
@@ -206,32 +287,63 @@ def _items(value: list | tuple, args: tuple, key: str, strict: bool) -> list:
     return [coerce(v, a, f"{key}[{i}]", strict) for i, (v, a) in enumerate(zip(value, args))]
 
 
-def check_range(name: str, value: Any, key: str) -> None:
-    """Raise :class:`TypeMismatch` when a number (or each number of a list) under ``name`` is out of its range."""
-    allowed = range_of(name)
+def _numbers(value: Any) -> list:
+    """The numbers of a value (itself, or the items of a list or tuple); booleans are not numbers."""
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    return [x for x in items if isinstance(x, (int, float)) and not isinstance(x, bool)]
+
+
+def check_range(name: str, value: Any, key: str, declared: Declared | None = None) -> None:
+    """Raise :class:`TypeMismatch` when a number (or each number of a list) under ``name`` is out of its range:
+    ``declared``'s (a Config field: its own, the generic rule or :data:`UNDECLARED`), else the generic rule."""
+    if declared is None:
+        allowed, own = range_of(name), True
+    else:
+        allowed, own = declared.range_for(name)
     if allowed is None:
         return
-    for x in value if isinstance(value, (list, tuple)) else (value,):
-        if isinstance(x, (int, float)) and not isinstance(x, bool) and x not in allowed:
-            raise TypeMismatch(key, f"{brief(x)} is out of range: {name} must be {allowed}")
+    for x in _numbers(value):
+        if x not in allowed:
+            hint = "" if own else (" (the rule of a Config number that declares no range; declare its own with "
+                                   "clbench.typecheck.setting(default, within=Range(...)) beside the field)")
+            raise TypeMismatch(key, f"{brief(x)} is out of range: {name} must be {allowed}{hint}")
 
 
-def check_values(values: Mapping[str, Any], hints: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def check_choice(name: str, value: Any, key: str, declared: Declared) -> None:
+    """Raise :class:`TypeMismatch` when ``value`` (or an element of a list or tuple value) is not one of the declared
+    choices; None is left to the annotation."""
+    allowed = declared.allowed()
+    if allowed is None or value is None:
+        return
+    for i, item in enumerate(value if isinstance(value, (list, tuple)) else (value,)):
+        if item not in allowed:
+            where = f"{key}[{i}]" if isinstance(value, (list, tuple)) else key
+            raise TypeMismatch(where, f"unknown {name} {brief(item)}.{suggest(str(item), map(str, allowed))} "
+                                      f"Choose one of: {', '.join(map(str, allowed))}.")
+
+
+def check_values(values: Mapping[str, Any], hints: Mapping[str, Any], prefix: str = "",
+                 declared: Mapping[str, Declared] | None = None) -> dict[str, Any]:
     """Every ``values[k]`` coerced to ``hints[k]`` (keys without a hint are returned as they are) and checked
-    against its range; errors name ``prefix + k``."""
+    against its range and, for a Config (``declared``: its :func:`declarations`), its choices; errors name
+    ``prefix + k``."""
     out = {}
     for name, value in values.items():
         key = f"{prefix}{name}"
         out[name] = coerce(value, hints[name], key) if name in hints else value
-        check_range(name, out[name], key)
+        field_declared = None if declared is None else declared.get(name, NOTHING_DECLARED)
+        check_range(name, out[name], key, field_declared)
+        if field_declared is not None:
+            check_choice(name, out[name], key, field_declared)
     return out
 
 
 class RangeChecked:
-    """Base of the strategies' ``Config`` dataclasses: at construction every field is checked against its range
-    (:func:`check_range`, the loader's check), so a Config built in Python gets the ranges a suite file gets.
-    A subclass's ``__post_init__`` calls ``super().__post_init__()``."""
+    """Base of the strategies' ``Config`` dataclasses: at construction every field is checked against its range and
+    choices (:func:`check_range`, :func:`check_choice`: the loader's checks), so a Config built in Python gets the
+    checks a suite file gets. A subclass's ``__post_init__`` calls ``super().__post_init__()``."""
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            check_range(f.name, getattr(self, f.name), f.name)
+        for name, declared in declarations(type(self)).items():
+            check_range(name, getattr(self, name), name, declared)
+            check_choice(name, getattr(self, name), name, declared)

@@ -54,7 +54,7 @@ from torch.utils.data import Dataset
 
 from clbench.data.catalog import DatasetSpec, Layout, SplitArrays, locate
 from clbench.evaluation import RankingEvaluator
-from clbench.protocol import Scenario, ScenarioInfo
+from clbench.protocol import NEXT_ITEM, Scenario, ScenarioInfo
 from clbench.registry import SCENARIOS
 
 N_ITEMS = 1682
@@ -193,6 +193,9 @@ def movielens_seqrec(*, seed: int = 0, n_experiences: int = 1, max_len: int = 50
         raise ValueError(f"n_experiences and max_len must be positive, got {n_experiences} and {max_len}.")
     _, paths = locate(MOVIELENS_100K, data_root)
     return sequences_scenario(read_interactions(paths["u.data"]), n_experiences, max_len, holdout, windows)
+
+
+movielens_seqrec.kind = NEXT_ITEM       # what it builds, read when a suite loads (clbench.protocol.scenario_kind)
 
 
 def sequences_scenario(rows: np.ndarray, n_experiences: int, max_len: int, holdout: str = "test",

@@ -23,7 +23,7 @@ import pandas as pd
 
 from clbench.data.catalog import DatasetSpec, Layout, SplitArrays, locate
 from clbench.data.errors import DatasetNotFound
-from clbench.protocol import Scenario
+from clbench.protocol import NEXT_ITEM, Scenario
 from clbench.registry import SCENARIOS
 from clbench.scenarios.movielens import HOLDOUTS, WINDOWS, sequences_scenario
 
@@ -106,6 +106,9 @@ def games_seqrec(*, seed: int = 0, n_experiences: int = 1, max_len: int = 50, ho
                               name="games_seqrec")
 
 
+games_seqrec.kind = NEXT_ITEM           # what it builds, read when a suite loads (clbench.protocol.scenario_kind)
+
+
 @SCENARIOS.register("movielens1m_seqrec")
 def movielens1m_seqrec(*, seed: int = 0, n_experiences: int = 1, max_len: int = 200, holdout: str = "test",
                        windows: str = "last", data_root: str | None = None) -> Scenario:
@@ -116,6 +119,9 @@ def movielens1m_seqrec(*, seed: int = 0, n_experiences: int = 1, max_len: int = 
     _, paths = locate(MOVIELENS_1M, data_root)
     rows, n_items = read_movielens_1m(paths["ratings.dat"])
     return sequences_scenario(rows, n_experiences, max_len, holdout, windows, n_items, name="movielens1m_seqrec")
+
+
+movielens1m_seqrec.kind = NEXT_ITEM
 
 
 __all__ = ["AMAZON_GAMES", "GAMES_ITEMS", "MOVIELENS_1M", "games_seqrec", "movielens1m_seqrec", "read_games",

@@ -33,34 +33,32 @@ from torch import Tensor, nn
 from clbench import progress
 from clbench.callbacks import bridge
 from clbench.models.checkpoint import load_weights
-from clbench.models.classifier import build_classifier
+from clbench.models.classifier import HEADS, build_classifier
 from clbench.precision import in_float32
 from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
-from clbench.registry import STRATEGIES
+from clbench.registry import MODELS, STRATEGIES
 from clbench.training import OPTIMIZERS
-from clbench.typecheck import RangeChecked
+from clbench.typecheck import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, RangeChecked, only_with, setting
+
+SGD_ONLY = only_with("optimizer", "sgd")
+"""A field of SGD's only (``momentum``): Adam and AdamW keep torch's beta1."""
 
 
 @dataclass
 class TrainConfig(RangeChecked):
     """Hyperparameters every Avalanche baseline shares."""
 
-    model: str = "auto"                 # a MODELS name; "auto" = the scenario's default backbone
+    model: str = setting("auto", choices=lambda: ["auto", *MODELS.names()])   # "auto": the scenario's default
     model_args: dict = field(default_factory=dict)
-    head: str = "auto"                  # incremental | fixed | multi; "auto" = multi if task-aware else incremental
+    head: str = setting("auto", choices=lambda: ["auto", *HEADS])   # "auto": multi if task-aware, else incremental
     init: str | None = None             # local checkpoint loaded into the backbone
     epochs: int = 1
     batch_size: int = 32
     eval_batch_size: int = 512
-    optimizer: str = "sgd"
+    optimizer: str = setting("sgd", choices=OPTIMIZERS.names)
     lr: float = 0.01
-    momentum: float = 0.9
+    momentum: float = setting(0.9, only_with=SGD_ONLY)  # Adam and AdamW keep torch's beta1
     weight_decay: float = 0.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
 
 
 # Presets shared by every baseline: ``cpu`` sizes runs for 2-core machines (see CPU_SCALE.md: small batches give
@@ -188,13 +186,12 @@ class ReplayStrategy(AvalancheStrategy):
 @dataclass
 class EWCConfig(TrainConfig):
     ewc_lambda: float = 100.0
-    mode: str = "separate"
-    decay_factor: float | None = None   # online mode: the importance matrices' decay (Avalanche requires one)
+    mode: str = setting("separate", choices=("separate", "online"))
+    decay_factor: float | None = setting(None, within=Range(0, 1, open_low=True), only_with=only_with("mode", "online"))
+    #                                     online mode: the importance matrices' decay (Avalanche requires one)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.mode not in ("separate", "online"):
-            raise ValueError(f"mode must be 'separate' or 'online', got {self.mode!r}.")
         if self.mode == "online" and self.decay_factor is None:
             raise ValueError("mode online needs decay_factor (the importance decay in (0, 1], e.g. 0.9).")
 
@@ -209,8 +206,8 @@ class EWCStrategy(AvalancheStrategy):
 
 @dataclass
 class LwFConfig(TrainConfig):
-    alpha: float | list[float] = 1.0        # a list gives one alpha per experience
-    temperature: float = 2.0
+    alpha: float | list[float] = setting(1.0, within=NON_NEGATIVE)   # a list gives one alpha per experience
+    temperature: float = setting(2.0, within=POSITIVE)
 
 
 @STRATEGIES.register("lwf")
@@ -228,7 +225,7 @@ class ICaRLConfig(TrainConfig):
     epochs: int = 70
     batch_size: int = 128
     lr: float = 2.0
-    momentum: float = 0.0
+    momentum: float = setting(0.0, only_with=SGD_ONLY)
     weight_decay: float = 1e-5
 
 
@@ -266,9 +263,9 @@ class ICaRLStrategy(AvalancheStrategy):
 @dataclass
 class DarkERConfig(TrainConfig):
     mem_size: int = 2000
-    batch_size_mem: int | None = None
-    alpha: float = 0.1
-    beta: float = 0.5
+    batch_size_mem: int | None = setting(None, within=AT_LEAST_1)    # None: batch_size
+    alpha: float = setting(0.1, within=NON_NEGATIVE)                 # logit-matching weight
+    beta: float = setting(0.5, within=NON_NEGATIVE)                  # CE on the memory (DER++ when > 0)
 
 
 @STRATEGIES.register("der_dark")

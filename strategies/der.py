@@ -56,56 +56,55 @@ from clbench.models.checkpoint import load_weights
 from clbench.models.classifier import build_backbone
 from clbench.models.der import DERNet, DEROutput, der_linear
 from clbench.protocol import ClassificationInfo
-from clbench.registry import STRATEGIES
-from clbench.training import Schedule, build_optimizer
-from clbench.typecheck import RangeChecked
-
+from clbench.registry import MODELS, STRATEGIES
+from clbench.training import OPTIMIZERS, Schedule, build_optimizer
+from clbench.typecheck import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, RangeChecked, only_with, setting
 
 # ------------------------------------------------------------------------------------------------------- config
+PRUNING = only_with("prune", True)
+"""The channel-mask pruning's own settings act only with ``prune: true``."""
+
+
 @dataclass
 class DERConfig(RangeChecked):
     """Hyperparameters; the defaults are the official CIFAR-100 B0 schedule (the ``full`` preset). The backbone is
     the scenario's unless ``model`` names one: the official CIFAR extractor is ``model: resnet18`` (suite
     ``der_full``)."""
 
-    model: str = "auto"                          # a MODELS name for every F_t ("auto": the scenario's default)
+    model: str = setting("auto", choices=lambda: ["auto", *MODELS.names()])   # every F_t ("auto": the scenario's)
     model_args: dict = field(default_factory=dict)
     init: str | None = None                      # local checkpoint loaded into F_1
     copy_old_classifier: bool = True             # copy W_H's old block when it is rebuilt
     mem_size: int = 2000                         # global rehearsal budget K
-    memory: str = "herding"                      # a kind in clbench.cl.MEMORIES
+    memory: str = setting("herding", choices=MEMORIES.names)
     epochs: int = 170                            # per task t > 1
-    milestones: tuple[int, ...] = (100, 120)     # lr × lr_decay at these epochs
-    first_epochs: int | None = 200               # task 1 (official "pretrain" stage); None: same as ``epochs``
+    milestones: tuple[int, ...] = setting((100, 120), within=NON_NEGATIVE)   # lr × lr_decay at these epochs
+    first_epochs: int | None = setting(200, within=AT_LEAST_1)   # task 1 ("pretrain" stage); None: ``epochs``
     first_milestones: tuple[int, ...] = (60, 120, 160)
-    lr_decay: float = 0.1
+    lr_decay: float = setting(0.1, within=POSITIVE)
     warmup_epochs: int = 10                      # linear warm-up from 0 (tasks t > 1)
     batch_size: int = 128
     eval_batch_size: int = 256
-    optimizer: str = "sgd"
+    optimizer: str = setting("sgd", choices=OPTIMIZERS.names)
     lr: float = 0.1
-    momentum: float = 0.9
+    momentum: float = setting(0.9, only_with=only_with("optimizer", "sgd"))
     weight_decay: float = 5e-4
     aux_lambda: float = 1.0                      # λ_a
-    correction: str = "retrain"                  # a key of CORRECTIONS
+    correction: str = setting("retrain", choices=lambda: sorted(CORRECTIONS))   # a key of CORRECTIONS (below)
     retrain_epochs: int = 30
     retrain_lr: float = 0.1
     retrain_milestones: tuple[int, ...] = (15,)
-    retrain_weight_decay: float = 5e-4
+    retrain_weight_decay: float = setting(5e-4, within=NON_NEGATIVE)
     retrain_temperature: float = 5.0             # T
     retrain_reset: bool = True                   # re-initialize W_H before re-training it (official)
     # optional pruning (clbench.models.channel_masks; CIFAR ResNets only): L += λ_s · L_S on the new extractor
     prune: bool = False
-    prune_lambda: float = 1.0                    # λ_s (not given in the sources read here: a choice, docs/der.md)
-    prune_s_max: float = 400.0                   # s_max (HAT's value)
-    prune_init: float = 1.0                      # e_l at the start of each task (all channels open)
+    prune_lambda: float = setting(1.0, only_with=PRUNING)   # λ_s (not given in the sources read: docs/der.md)
+    prune_s_max: float = setting(400.0, within=Range(1, open_low=True), only_with=PRUNING)   # s_max (HAT's)
+    prune_init: float = setting(1.0, within=POSITIVE, only_with=PRUNING)   # e_l at each task's start (all open)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.correction not in CORRECTIONS:
-            raise ValueError(f"correction must be one of {sorted(CORRECTIONS)}, got {self.correction!r}")
-        if self.memory not in MEMORIES.names():
-            raise ValueError(f"memory must be one of {MEMORIES.names()}, got {self.memory!r}")
         self.milestones, self.first_milestones = tuple(self.milestones), tuple(self.first_milestones)
         self.retrain_milestones = tuple(self.retrain_milestones)
 

@@ -58,7 +58,7 @@ from clbench.models.dytox import ARCHS, DyToxArch, DyToxNet, DyToxOutput, TaskCl
 from clbench.protocol import ScenarioInfo
 from clbench.registry import STRATEGIES
 from clbench.training import Schedule, build_optimizer
-from clbench.typecheck import RangeChecked
+from clbench.typecheck import AT_LEAST_1, HALF_OPEN_FRACTION, POSITIVE, RangeChecked, UsedOnlyWith, setting
 
 
 # ------------------------------------------------------------------------------------------------------- config
@@ -66,42 +66,36 @@ from clbench.typecheck import RangeChecked
 class DyToxConfig(RangeChecked):
     """Hyperparameters; the defaults are the paper's CIFAR-100 setting (the ``full`` preset)."""
 
-    arch: str = "cifar"                          # a key of clbench.models.dytox.ARCHS
+    arch: str = setting("cifar", choices=lambda: sorted(ARCHS))   # a key of clbench.models.dytox.ARCHS
     arch_overrides: dict = field(default_factory=dict)   # DyToxArch fields, e.g. {"patch_size": 2}
     mem_size: int = 2000                         # global rehearsal budget K
-    memory: str = "herding"                      # a kind in clbench.cl.MEMORIES
+    memory: str = setting("herding", choices=MEMORIES.names)
     epochs: int = 500                            # per task
-    first_epochs: int | None = None              # task 1 (None: same as ``epochs``)
+    first_epochs: int | None = setting(None, within=AT_LEAST_1)   # task 1 (None: same as ``epochs``)
     batch_size: int = 128
     lr: float = 5e-4                             # scaled by batch_size / 512
     weight_decay: float = 1e-6
     warmup_epochs: int = 5
-    warmup_lr: float = 1e-6
+    warmup_lr: float = setting(1e-6, only_with=UsedOnlyWith("warmup_epochs", lambda v: v > 0, "at least 1", 1))
     min_lr: float = 1e-5
-    kd_tau: float = 1.0
+    kd_tau: float = setting(1.0, within=POSITIVE)
     div_lambda: float = 0.1
     finetune_epochs: int = 20
     finetune_lr: float = 5e-5                    # scaled by batch_size / 512
     mixup_alpha: float = 0.0                     # 0: no MixUp
-    label_smoothing: float = 0.0
+    label_smoothing: float = setting(0.0, within=HALF_OPEN_FRACTION)
     # batch augmentations (keys of AUGMENTATIONS) on top of the scenario's own train transform; split_cifar100
     # already applies the official random crop (padding 4) + flip, the official recipe adds these two:
-    augment: tuple[str, ...] = ("color_jitter", "randaugment")
-    crop_padding: int = 4
+    augment: tuple[str, ...] = setting(("color_jitter", "randaugment"), choices=lambda: sorted(AUGMENTATIONS))
+    crop_padding: int = setting(4, only_with=UsedOnlyWith("augment", lambda v: "crop" in v, "a list with crop",
+                                                          ("crop",)))
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {self.arch!r}")
-        if self.memory not in MEMORIES:
-            raise ValueError(f"memory must be one of {MEMORIES.names()}, got {self.memory!r}")
         fields = {f.name for f in dataclasses.fields(DyToxArch)}
         if set(self.arch_overrides) - fields:
             raise ValueError(f"unknown arch_overrides {sorted(set(self.arch_overrides) - fields)}; "
                              f"DyToxArch fields: {sorted(fields)}")
-        unknown = [a for a in self.augment if a not in AUGMENTATIONS]
-        if unknown:
-            raise ValueError(f"unknown augmentation(s) {unknown}; known: {sorted(AUGMENTATIONS)}")
         self.augment = tuple(self.augment)
 
 
@@ -110,7 +104,7 @@ class DyToxPlusConfig(DyToxConfig):
     """DyTox+: MixUp Beta(0.8, 0.8) and label smoothing 0.1 on the (soft) BCE targets."""
 
     mixup_alpha: float = 0.8
-    label_smoothing: float = 0.1
+    label_smoothing: float = setting(0.1, within=HALF_OPEN_FRACTION)
 
 
 _CPU = {"arch": "tiny", "batch_size": 32, "augment": (), "warmup_epochs": 0}

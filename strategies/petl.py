@@ -44,6 +44,7 @@ from clbench.privacy.step import PrivateTraining
 from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
 from clbench.registry import MODELS, STRATEGIES
 from clbench.training import OPTIMIZERS, Schedule, build_optimizer
+from clbench.typecheck import NON_NEGATIVE, setting
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +76,12 @@ class PETLStrategyConfig(MethodArgs):
     epochs: int = 5
     batch_size: int = 32
     eval_batch_size: int = 512
-    optimizer: str = "adamw"
+    optimizer: str = setting("adamw", choices=OPTIMIZERS.names)
     lr: float = 1e-3
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.method:
             unused = unused_fields(self.method, self)
             if unused:
@@ -96,12 +95,7 @@ class SharedConfig(PETLStrategyConfig):
     """One shared module set: an optional rehearsal memory of ``mem_size`` samples (0: none)."""
 
     mem_size: int = 0
-    memory: str = "class_balanced"   # a kind in clbench.cl.MEMORIES
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.memory not in MEMORIES:
-            raise ValueError(f"memory must be one of {MEMORIES.names()}, got {self.memory!r}")
+    memory: str = setting("class_balanced", choices=MEMORIES.names)
 
 
 @dataclass
@@ -109,7 +103,7 @@ class PerTaskConfig(PETLStrategyConfig):
     """A module set per experience: ``route_holdout`` samples per experience held out of the class prototypes to
     measure ``route_acc``."""
 
-    route_holdout: int = 200
+    route_holdout: int = setting(200, within=NON_NEGATIVE)
 
 
 PRESETS: dict[str, dict] = {
@@ -119,17 +113,9 @@ PRESETS: dict[str, dict] = {
     "cpu": {"epochs": 3, "batch_size": 32},
 }
 
-CPU_SIZES: dict[str, dict] = {
-    "adapter_seq": {"size": 20}, "adapter_par": {"size": 20}, "scaled_par_adapter": {"size": 20},
-    "mh_par_adapter": {"size": 8}, "mam": {"size": 19, "prefix_length": 1},
-}
-"""Each method's sizes at the dim-64 ViT in the ``cpu`` preset: the ~5% budget of suites/petl.yaml (the paper's
-r = 512 is above the width d = 64 and is refused there; the other methods' defaults fit)."""
-
-
 def method_presets(method: str) -> dict[str, dict]:
-    """:data:`PRESETS` with the method's ``cpu`` sizes (:data:`CPU_SIZES`) added."""
-    return {**PRESETS, "cpu": {**PRESETS["cpu"], **CPU_SIZES.get(method, {})}}
+    """:data:`PRESETS` with the method's ``cpu`` sizes (declared where it registers: ``METHODS.get(method).cpu``)."""
+    return {**PRESETS, "cpu": {**PRESETS["cpu"], **METHODS.get(method).cpu}}
 
 
 # ------------------------------------------------------------------------------------------------------ models
@@ -259,10 +245,11 @@ class SharedPETL(PETLStrategy):
         return self.model
 
     def train(self, experience: Any) -> None:
-        if self.config.mem_size and self.callbacks.find(PrivateTraining) is not None:
-            raise ValueError(f"{type(self).__name__}: dp with a rehearsal memory (mem_size {self.config.mem_size}) "
-                             f"is refused: replayed samples are trained on in several experiences, so the "
-                             f"per-experience epsilon would understate theirs; set mem_size: 0.")
+        if self.callbacks.find(PrivateTraining) is not None:      # built in Python, not from a suite: the same need
+            try:
+                self.check_private(self.config)
+            except ValueError as exc:
+                raise ValueError(f"{type(self).__name__}: {exc}") from None
         self.template.fit(experience)
         self.trained += 1
         if self.trained == len(self.info.classes_per_experience):

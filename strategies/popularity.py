@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
+from clbench.protocol import NEXT_ITEM, ParamCount, ScenarioInfo, StrategyBase
 from clbench.registry import STRATEGIES
 from clbench.typecheck import RangeChecked
 
@@ -56,6 +56,7 @@ class PopularityFloor(StrategyBase):
     """The shared part: the scenario check, the item counts and the ranking. Scores ``(B, V)``: item ``c + 1``'s
     count, the same for every history."""
 
+    scenario_kinds = (NEXT_ITEM,)          # item sequences; info.extra["n_items"] sizes the counts
 
     def __init__(self, info: ScenarioInfo, device: torch.device, config) -> None:
         super().__init__(info, device, config)

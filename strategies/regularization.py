@@ -37,12 +37,13 @@ from torch import Tensor, nn
 from clbench.registry import STRATEGIES
 from clbench.strategies.avalanche_plugins import ClonedSynapticIntelligencePlugin, FiniteRWalkPlugin, PluginStrategy
 from clbench.strategies.baselines import AvalancheStrategy, TrainConfig
+from clbench.typecheck import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, setting
 
 
 @dataclass
 class SIConfig(TrainConfig):
     si_lambda: float = 1.0               # c
-    eps: float = 1e-3                    # ξ, the damping of Ω's denominator
+    eps: float = setting(1e-3, within=POSITIVE)   # ξ, the damping of Ω's denominator
 
 
 @STRATEGIES.register("si")
@@ -55,8 +56,8 @@ class SynapticIntelligenceStrategy(PluginStrategy):
 
 @dataclass
 class MASConfig(TrainConfig):
-    lambda_reg: float = 1.0
-    alpha: float = 0.5                   # weight of the previous importance in the running blend
+    lambda_reg: float = setting(1.0, within=NON_NEGATIVE)
+    alpha: float = setting(0.5, within=NON_NEGATIVE)   # weight of the previous importance in the running blend
 
 
 @STRATEGIES.register("mas")
@@ -71,7 +72,7 @@ class MASStrategy(AvalancheStrategy):
 class RWalkConfig(TrainConfig):
     ewc_lambda: float = 0.1
     ewc_alpha: float = 0.9               # EWC++ moving-average factor of the Fisher
-    delta_t: int = 10                    # iterations between path-integral score updates
+    delta_t: int = setting(10, within=AT_LEAST_1)      # iterations between path-integral score updates
 
 
 @STRATEGIES.register("rwalk")
@@ -84,7 +85,7 @@ class RWalkStrategy(PluginStrategy):
 
 @dataclass
 class LFLConfig(TrainConfig):
-    lambda_e: float = 1e-4
+    lambda_e: float = setting(1e-4, within=NON_NEGATIVE)
 
 
 class _WithFeatures(nn.Module, BaseModel):
@@ -117,7 +118,7 @@ class LFLStrategy(AvalancheStrategy):
 @dataclass
 class OnlineEWCConfig(TrainConfig):
     ewc_lambda: float = 100.0
-    decay_factor: float = 1.0            # γ
+    decay_factor: float = setting(1.0, within=Range(0, 1, open_low=True))   # γ
 
 
 @STRATEGIES.register("ewc_online")

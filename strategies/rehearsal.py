@@ -68,12 +68,13 @@ from clbench.strategies.avalanche_plugins import (
     require_single_head,
 )
 from clbench.strategies.baselines import AvalancheStrategy, TrainConfig
+from clbench.typecheck import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, setting
 
 
 @dataclass
 class GEMConfig(TrainConfig):
-    patterns_per_exp: int = 256
-    memory_strength: float = 0.5         # γ
+    patterns_per_exp: int = setting(256, within=AT_LEAST_1)
+    memory_strength: float = setting(0.5, within=NON_NEGATIVE)   # γ
 
 
 @STRATEGIES.register("gem")
@@ -86,7 +87,7 @@ class GEMStrategy(AvalancheStrategy):
 
 @dataclass
 class AGEMConfig(TrainConfig):
-    patterns_per_exp: int = 250
+    patterns_per_exp: int = setting(250, within=AT_LEAST_1)
     sample_size: int = 256               # memory samples in the reference gradient
 
 
@@ -101,7 +102,7 @@ class AGEMStrategy(AvalancheStrategy):
 @dataclass
 class ERConfig(TrainConfig):
     mem_size: int = 1000
-    batch_size_mem: int = 10
+    batch_size_mem: int = setting(10, within=AT_LEAST_1)
 
 
 @STRATEGIES.register("er_ace")
@@ -114,8 +115,8 @@ class ERACEStrategy(AvalancheStrategy):
 
 @dataclass
 class ERAMLConfig(ERConfig):
-    temp: float = 0.1
-    base_temp: float = 0.07
+    temp: float = setting(0.1, within=POSITIVE)
+    base_temp: float = setting(0.07, within=POSITIVE)
     same_task_neg: bool = True
 
 
@@ -141,8 +142,8 @@ class ERAMLStrategy(AvalancheStrategy):
 @dataclass
 class MIRConfig(TrainConfig):
     mem_size: int = 500
-    subsample: int = 50
-    batch_size_mem: int = 10
+    subsample: int = setting(50, within=AT_LEAST_1)
+    batch_size_mem: int = setting(10, within=AT_LEAST_1)
 
 
 @STRATEGIES.register("mir")
@@ -156,7 +157,7 @@ class MIRStrategy(PluginStrategy):
 @dataclass
 class GSSConfig(TrainConfig):
     mem_size: int = 300
-    mem_strength: int = 10               # random memory subsets the candidate gradients are compared with
+    mem_strength: int = setting(10, within=AT_LEAST_1)   # random memory subsets the candidate gradients meet
 
 
 @STRATEGIES.register("gss")
@@ -173,10 +174,11 @@ class GSSStrategy(PluginStrategy):
 @dataclass
 class BiCConfig(TrainConfig):
     mem_size: int = 2000
-    val_percentage: float = 0.1          # share of the memory held out to fit the bias layer
-    T: float = 2.0                       # distillation temperature
+    val_percentage: float = setting(0.1, within=Range(0, 1, open_low=True, open_high=True))   # share of the
+    #                                      memory held out to fit the bias layer
+    T: float = setting(2.0, within=POSITIVE)   # distillation temperature
     stage_2_epochs: int = 200
-    lamb: float = -1.0                   # -1: λ = old classes / all classes
+    lamb: float = setting(-1.0, within=Range(-1))   # -1: λ = old classes / all classes; else the KD weight
     bias_lr: float = 0.1                 # SGD lr of the bias layer (stage 2)
 
 
@@ -202,8 +204,8 @@ class BiCStrategy(PluginStrategy):
 class CoPEConfig(TrainConfig):
     mem_size: int = 2000
     p_size: int = 32                     # embedding (prototype) width: the output layer replaces the classifier
-    alpha: float = 0.99                  # prototype momentum
-    T: float = 0.1                       # PPP-loss temperature
+    alpha: float = setting(0.99, within=NON_NEGATIVE)   # prototype momentum
+    T: float = setting(0.1, within=POSITIVE)            # PPP-loss temperature
 
 
 @STRATEGIES.register("cope")
@@ -230,7 +232,7 @@ class CoPEStrategy(PluginStrategy):
 @dataclass
 class FeatureReplayConfig(TrainConfig):
     mem_size: int = 200
-    batch_size_mem: int = 10
+    batch_size_mem: int = setting(10, within=AT_LEAST_1)
 
 
 @STRATEGIES.register("feature_replay")
@@ -249,10 +251,10 @@ class FeatureReplayStrategy(AvalancheStrategy):
 @dataclass
 class MERConfig(TrainConfig):
     mem_size: int = 200
-    batch_size_mem: int = 10
+    batch_size_mem: int = setting(10, within=AT_LEAST_1)
     n_inner_steps: int = 5
-    beta: float = 0.1                    # within-batch Reptile interpolation
-    gamma: float = 0.1                   # across-batch Reptile interpolation
+    beta: float = setting(0.1, within=NON_NEGATIVE)    # within-batch Reptile interpolation
+    gamma: float = setting(0.1, within=NON_NEGATIVE)   # across-batch Reptile interpolation
 
 
 @STRATEGIES.register("mer")

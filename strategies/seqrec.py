@@ -25,10 +25,13 @@ from torch import Tensor
 from clbench.models.seqrec import SeqRec, target_loss
 from clbench.privacy.reattention import ACTIVATIONS, ATTENTIONS, ErrorPrior
 from clbench.privacy.step import PrivateTraining
-from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
+from clbench.protocol import NEXT_ITEM, ParamCount, ScenarioInfo, StrategyBase
 from clbench.registry import STRATEGIES
 from clbench.training import OPTIMIZERS, FitSettings, Schedule, fit
-from clbench.typecheck import RangeChecked
+from clbench.typecheck import AT_LEAST_1, HALF_OPEN_FRACTION, NON_NEGATIVE, POSITIVE, RangeChecked, only_with, setting
+
+REATTENTION = only_with("attention", "reattention")
+"""Re-Attention's error model (σ_dp, its scale, the prior's noise) acts only with ``attention: reattention``."""
 
 
 @dataclass
@@ -43,33 +46,26 @@ class SeqRecConfig(RangeChecked):
     window's last K positions only (the latest K targets; None: every position) — the output layer scores all items
     at every trained position, which dominates the cost at a large vocabulary (Amazon Games: 23,715 items)."""
 
-    dim: int = 64
+    dim: int = setting(64, within=AT_LEAST_1)
     depth: int = 2
-    heads: int = 1
-    mlp_ratio: float = 4.0
+    heads: int = setting(1, within=AT_LEAST_1)
+    mlp_ratio: float = setting(4.0, within=POSITIVE)
     dropout: float = 0.2
-    activation: str = "relu"                 # SASRec's FFN
-    attention: str = "vanilla"
-    optimizer: str = "adam"
+    activation: str = setting("relu", choices=lambda: sorted(ACTIVATIONS))   # SASRec's FFN
+    attention: str = setting("vanilla", choices=lambda: sorted(ATTENTIONS))
+    optimizer: str = setting("adam", choices=OPTIMIZERS.names)
     lr: float = 1e-3
     weight_decay: float = 0.0
     epochs: int = 200
     batch_size: int = 128
     eval_batch_size: int = 512
-    sigma_dp: float | None = None
-    error_scale: float = 1.0
-    prior_noise: float = 5.0
-    warmup: float | None = None              # a fraction: per-step warm-up then linear decay (FitSettings)
-    loss_positions: int | None = None        # train on each window's last K positions only (None: all L)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {sorted(ATTENTIONS)}, got {self.attention!r}.")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}.")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}.")
+    sigma_dp: float | None = setting(None, within=NON_NEGATIVE, only_with=REATTENTION)   # Re-Attention's error
+    error_scale: float = setting(1.0, within=NON_NEGATIVE, only_with=REATTENTION)        # model: its σ_dp, scale
+    prior_noise: float = setting(5.0, within=POSITIVE, only_with=REATTENTION)            # and prior's noise
+    warmup: float | None = setting(None, within=HALF_OPEN_FRACTION)   # a fraction: per-step warm-up then linear
+    #                                                                   decay (FitSettings)
+    loss_positions: int | None = setting(None, within=AT_LEAST_1)   # train on each window's last K positions only
+    #                                                                 (None: all L)
 
 
 def item_counts(x: Tensor, n_items: int) -> Tensor:
@@ -96,6 +92,7 @@ class SequentialRecommender(StrategyBase):
     """SASRec-style next-item transformer, shared embeddings, vanilla attention or Re-Attention."""
 
     Config = SeqRecConfig
+    scenario_kinds = (NEXT_ITEM,)          # item sequences; info.extra["n_items"] sizes the item table
     private = True          # one call per period, loss a batch mean; periods sharing users: share_samples (dp)
     PRESETS = {
         "cpu": {"epochs": 10, "batch_size": 128, "lr": 1e-2},

@@ -33,13 +33,15 @@ from clbench.cl import experience_tensors
 from clbench.protocol import ParamCount, ScenarioInfo, StrategyBase
 from clbench.registry import MODELS, STRATEGIES
 from clbench.tangent import ShardComposition, cache_prefix, delta_hash, linearize, reset_blocks, split_shards
-from clbench.tangent.losses import tangent_objective
+from clbench.tangent.losses import LOSSES, tangent_objective
 from clbench.tangent.members import MemberJob, train_delta, train_tail
 from clbench.tangent.tail import TailModel
 from clbench.training import OPTIMIZERS, FitSettings, Schedule, fit
-from clbench.typecheck import RangeChecked
+from clbench.typecheck import NON_NEGATIVE, POSITIVE, RangeChecked, only_with, setting
 
 WEIGHTINGS = ("uniform", "samples")
+SQUARE_LOSS = only_with("loss", "mse")
+"""The rescaled square loss's own settings (α, κ) act only with ``loss: mse``."""
 
 
 @dataclass
@@ -54,30 +56,26 @@ class FineTuneConfig(RangeChecked):
     model_args: dict = field(default_factory=lambda: {"embed_dim": 128, "depth": 4, "num_heads": 4,
                                                       "patch_size": 4})
     init: str | None = None            # local checkpoint of the linearization point (run_bench.py pretrain)
-    last_blocks: int = 1               # k: blocks that are fine-tuned (TAFT-1 / NLFT-1 of the paper; 0: head only)
+    last_blocks: int = setting(1, within=NON_NEGATIVE)   # k: blocks fine-tuned (TAFT-1 / NLFT-1; 0: head only)
     reset: bool = False                # re-initialize the last k blocks before fine-tuning
-    loss: str = "mse"                  # mse (rescaled square loss) | ce
-    alpha: float = 1.0
-    kappa: float = 15.0
-    ridge: float = 0.0                 # λ of the ridge penalty λ‖Δ‖² (tangent models only)
-    optimizer: str = "adam"
+    loss: str = setting("mse", choices=LOSSES.names)   # mse (rescaled square loss) | ce
+    alpha: float = setting(1.0, within=NON_NEGATIVE, only_with=SQUARE_LOSS)   # the rescaled square loss's α, κ
+    kappa: float = setting(15.0, within=POSITIVE, only_with=SQUARE_LOSS)
+    ridge: float = setting(0.0, within=NON_NEGATIVE)   # λ of the ridge penalty λ‖Δ‖² (tangent models only)
+    optimizer: str = setting("adam", choices=OPTIMIZERS.names)
     lr: float = 1e-3
     weight_decay: float = 0.0
     epochs: int = 5
     lr_milestones: tuple[int, ...] = ()  # lr ×lr_decay from each milestone epoch on (0-based; training.step_decay)
-    lr_decay: float = 0.1
+    lr_decay: float = setting(0.1, within=POSITIVE)
     batch_size: int = 32
     eval_batch_size: int = 512
     n_shards: int = 1                  # disjoint shards per experience, one member each
-    weighting: str = "uniform"         # uniform | samples: composition weights of the members
+    weighting: str = setting("uniform", choices=WEIGHTINGS)   # composition weights of the members
     linearize_cls: bool = False        # tangent CLS token (taft only; disables the prefix cache)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
         self.lr_milestones = tuple(int(m) for m in self.lr_milestones)
 
     @property
@@ -97,7 +95,7 @@ class NonlinearConfig(FineTuneConfig):
     """Non-linear members are fine-tuned with cross-entropy by default (ordinary fine-tuning), always on cached
     prefix tokens (a non-linear tail has no tangent CLS token)."""
 
-    loss: str = "ce"
+    loss: str = setting("ce", choices=LOSSES.names)
 
     def __post_init__(self) -> None:
         super().__post_init__()

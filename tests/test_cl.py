@@ -111,7 +111,7 @@ def test_memories_are_built_by_name_and_configs_refer_to_them():
     with pytest.raises(UnknownNameError, match="herding"):
         build_memory("herdin", 10)
     assert build_config("dytox", "micro", {"memory": "reservoir"}).memory == "reservoir"
-    with pytest.raises(ConfigError, match="memory must be one of"):
+    with pytest.raises(ConfigError, match="args.memory: unknown memory 'herdin'. Did you mean 'herding'"):
         build_config("dytox", "micro", {"memory": "herdin"})
 
 

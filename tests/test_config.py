@@ -38,8 +38,13 @@ def test_valid_suite_expands_to_run_specs():
     (lambda d: d["strategies"][0]["args"].update(optimizer="lbfgs"),
      r"strategies\[0\] \(replay\): args\.optimizer: unknown optimizer 'lbfgs'\. Choose one of: adam, adamw, sgd"),
     (lambda d: d["strategies"][0]["args"].update(mem_size=10, epochs=2.5), r"args\.epochs: expected an int"),
-    (lambda d: d["strategies"].append({"name": "dytox", "args": {"arch": "huge"}}),      # the Config's own check
-     r"strategies\[2\] \(dytox\): invalid hyperparameters: arch must be one of"),
+    (lambda d: d["strategies"].append({"name": "dytox", "args": {"arch": "imagnet"}}),   # declared choices
+     r"strategies\[2\] \(dytox\): args\.arch: unknown arch 'imagnet'\. Did you mean 'imagenet'\? Choose one of: "
+     r"cifar, imagenet, tiny\.$"),
+    (lambda d: d["strategies"].append({"name": "dytox", "args": {"augment": ["flip", "crpo"]}}),
+     r"strategies\[2\] \(dytox\): args\.augment\[1\]: unknown augment 'crpo'\. Did you mean 'crop'\?"),
+    (lambda d: d["strategies"].append({"name": "dytox", "args": {"arch_overrides": {"depht": 2}}}),   # its own check
+     r"strategies\[2\] \(dytox\): invalid hyperparameters: unknown arch_overrides \['depht'\]"),
 ])
 def test_malformed_suites_raise_clear_errors(mutate, match):
     data = yaml.safe_load(yaml.safe_dump(GOOD))
@@ -171,11 +176,11 @@ def test_build_config_names_the_strategy_in_its_errors_unless_told_where():
     assert str(info.value) == ("strategy 'replay': strategy 'replay' has no preset 'gpu'. Did you mean 'cpu'? "
                                "Presets: cpu, full.")
     with pytest.raises(ConfigError) as info:
-        build_config("dytox", None, {"arch": "huge"})
-    assert str(info.value).startswith("strategy 'dytox': invalid hyperparameters: arch must be one of")
+        build_config("dytox", None, {"arch_overrides": {"depht": 2}})
+    assert str(info.value).startswith("strategy 'dytox': invalid hyperparameters: unknown arch_overrides ['depht']")
     with pytest.raises(ConfigError) as info:
         build_config("dytox", None, {"arch": "huge"}, where="here")
-    assert str(info.value).startswith("here: invalid hyperparameters: ")
+    assert str(info.value).startswith("here: args.arch: unknown arch 'huge'.")
 
 
 def test_config_dict_of_dataclasses_and_mappings_and_hash_of_non_json_values():

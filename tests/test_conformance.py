@@ -19,7 +19,7 @@ from clbench.callbacks import Callback, CallbackContext, CallbackList, CallbackS
 from clbench.cl import MEMORIES, build_memory
 from clbench.config import build_config
 from clbench.data.errors import DatasetNotFound
-from clbench.protocol import ClassificationInfo, Scenario
+from clbench.protocol import CLASSIFICATION, NEXT_ITEM, ClassificationInfo, Scenario, scenario_kind
 from clbench.registry import CALLBACKS, MODELS, SCENARIOS, STRATEGIES
 from clbench.scenarios.movielens import sequences_scenario
 from clbench.training import FitSettings, fit
@@ -35,8 +35,9 @@ def synthetic() -> Scenario:
 
 
 NEXT_ITEM_ROWS = np.array([(u, (u + t) % 8 + 1, 1, 100 * t + u) for u in range(6) for t in range(8)])
-SCENARIO_FOR = {"seqrec": lambda: sequences_scenario(NEXT_ITEM_ROWS, 2, max_len=4, n_items=8)}
-"""Models of next-item sequences; every other model gets the synthetic images."""
+TINY_SCENARIOS = {CLASSIFICATION: synthetic,
+                  NEXT_ITEM: lambda: sequences_scenario(NEXT_ITEM_ROWS, 2, max_len=4, n_items=8)}
+"""A tiny scenario of each kind; a model gets the one of the kind it declares (:func:`scenario_kind`)."""
 
 
 # --------------------------------------------------------------------------------------------------- strategies
@@ -55,7 +56,7 @@ def test_every_strategy_preset_builds_its_config(name, preset):
 @pytest.mark.parametrize("name", shipped(MODELS))
 def test_every_model_builds_and_trains_one_step(name):
     torch.manual_seed(0)
-    scenario = SCENARIO_FOR.get(name, synthetic)()
+    scenario = TINY_SCENARIOS[scenario_kind(MODELS.get(name))]()
     model = MODELS.get(name)(scenario.info)
     if hasattr(model, "add_task"):                       # a growing model starts with its first task
         model.add_task(scenario.info.classes_per_experience[0])

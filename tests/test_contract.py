@@ -11,10 +11,20 @@ import torch
 
 from clbench.config import build_config
 from clbench.errors import ConfigError
-from clbench.protocol import ParamCount, StrategyBase, StrategyContractError, check_strategy, hooks_checked
+from clbench.protocol import (
+    CLASSIFICATION,
+    NEXT_ITEM,
+    ParamCount,
+    Scenario,
+    StrategyBase,
+    StrategyContractError,
+    check_strategy,
+    hooks_checked,
+)
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
 from clbench.scenarios.movielens import sequences_scenario
+from clbench.typecheck import only_with, setting
 
 SYNTHETIC = {"n_classes": 4, "n_experiences": 2, "train_per_class": 10, "test_per_class": 5}
 VIT = {"embed_dim": 8, "depth": 1, "num_heads": 2, "patch_size": 4}
@@ -42,9 +52,14 @@ def _tiny(name: str, preset: str) -> dict:
 
 
 NEXT_ITEM_ROWS = np.array([(u, (u + t) % 8 + 1, 1, 100 * t + u) for u in range(6) for t in range(8)])
-SCENARIO_FOR = {name: lambda: sequences_scenario(NEXT_ITEM_ROWS, 2, max_len=4, n_items=8)
-                for name in ("seqrec", "most_popular", "recent_popular")}
-"""Strategies that need a next-item scenario (items as columns) instead of the synthetic classification one."""
+TINY_SCENARIOS = {CLASSIFICATION: lambda: SCENARIOS.get("synthetic")(seed=0, **SYNTHETIC),
+                  NEXT_ITEM: lambda: sequences_scenario(NEXT_ITEM_ROWS, 2, max_len=4, n_items=8)}
+"""A tiny scenario of every kind a shipped strategy serves (items as columns for next-item)."""
+
+
+def scenario_for(name: str) -> Scenario:
+    """A tiny scenario of the first kind strategy ``name`` declares it serves (``scenario_kinds``)."""
+    return TINY_SCENARIOS[STRATEGIES.get(name).scenario_kinds[0]]()
 
 
 CASES = [(name, preset) for name in STRATEGIES.names() if STRATEGIES.get(name).__module__.startswith("clbench.")
@@ -55,7 +70,7 @@ CASES = [(name, preset) for name in STRATEGIES.names() if STRATEGIES.get(name)._
 def test_every_strategy_and_preset_trains_two_experiences_and_predicts(name, preset):
     torch.set_num_threads(1)
     seed_everything(0)
-    scenario = SCENARIO_FOR[name]() if name in SCENARIO_FOR else SCENARIOS.get("synthetic")(seed=0, **SYNTHETIC)
+    scenario = scenario_for(name)
     cls = STRATEGIES.get(name)
     strategy = cls(scenario.info, "cpu", build_config(name, preset, _tiny(name, preset)))
     assert isinstance(strategy, StrategyBase)
@@ -77,14 +92,20 @@ def test_every_strategy_and_preset_trains_two_experiences_and_predicts(name, pre
     assert isinstance(extra, dict) and all(isinstance(v, (int, float)) for v in extra.values())
 
 
-def test_conformance_covers_every_shipped_strategy():
+def test_conformance_covers_every_shipped_strategy_and_every_kind_they_serve():
     assert {n for n, _ in CASES} == {n for n in STRATEGIES.names() if STRATEGIES.get(n).__module__.startswith(
         "clbench.")} and len(CASES) >= 2 * 16
+    assert {k for n, _ in CASES for k in STRATEGIES.get(n).scenario_kinds} == set(TINY_SCENARIOS)
 
 
 @dataclass
 class _Cfg:
     lr: float = 0.1
+
+
+@dataclass
+class _UsedWithNothing:
+    lr: float = setting(0.1, only_with=only_with("optimizer", "sgd"))
 
 
 class _Good(StrategyBase):
@@ -109,6 +130,12 @@ class _Good(StrategyBase):
     (lambda: type("NoConfig", (_Good,), {"Config": dict}), "Config must be a dataclass"),
     (lambda: type("BadPreset", (_Good,), {"PRESETS": {"cpu": {"lr": 0.1, "epochs": 3}}}),
      r"preset 'cpu' sets unknown Config fields \['epochs'\]"),
+    (lambda: type("NoKinds", (_Good,), {"scenario_kinds": ()}), "scenario_kinds must be a non-empty tuple"),
+    (lambda: type("KindString", (_Good,), {"scenario_kinds": "next_item"}), "scenario_kinds must be a non-empty"),
+    (lambda: type("BadNeeds", (_Good,), {"private_needs": ("mem_size",)}),
+     "private_needs must be a tuple of clbench.protocol.PrivateNeed"),
+    (lambda: type("UsedWithNothing", (_Good,), {"Config": _UsedWithNothing}),
+     "Config field 'lr' is declared used only with 'optimizer', which is not a field of _UsedWithNothing"),
 ])
 def test_registration_refuses_a_class_that_breaks_the_contract(make, message):
     cls = make()

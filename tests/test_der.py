@@ -261,8 +261,8 @@ def test_paper_defaults_and_schedules():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"correctoin": "retrain"}, "unknown key 'correctoin'. Did you mean 'correction'"),
-    ({"correction": "wa"}, "correction must be one of ['none', 'retrain', 'weight_align'], got 'wa'"),
-    ({"memory": "herd"}, "memory must be one of"),
+    ({"correction": "wa"}, "args.correction: unknown correction 'wa'. Choose one of: none, retrain, weight_align."),
+    ({"memory": "herd"}, "args.memory: unknown memory 'herd'. Did you mean 'herding'?"),
     ({"model": "resnet19"}, "unknown model 'resnet19'"),
 ])
 def test_unknown_option_names_are_refused_with_one_line(overrides, message):

@@ -4,14 +4,16 @@ or parameter counts after two tiny experiences) or it is listed, with the reason
 :data:`clbench.config.NOT_TRAINING`. A field that changes neither is a value the user can set and that is silently
 ignored (issue #26: LoRA's ``placement: ffn``).
 
-The other value is found automatically from the field's type and current value (half or the next integer, twice
-the float, the negated bool, another registered name...) or taken from :data:`OTHER_VALUES`; up to three values
-that the configuration accepts and that train are tried, and one changed result is enough (an alias of the default,
-``model: mlp`` for ``auto``, changes nothing and is not a defect). A field whose every other value is refused at
-load is fine (``momentum`` under Adam: :data:`clbench.config.USED_ONLY_WITH`). :data:`CONTEXT` gives the settings a
-field needs to act at all, :data:`SAME_HERE` the fields that train the same on this tiny balanced data and why,
-:data:`OPEN` the ignored settings found in files owned elsewhere and being fixed there. About 2 minutes with
-``-n 2`` on the quiet 2-core VM (7-17 minutes when loaded); one strategy: ``pytest tests/test_fields.py -k lwf``."""
+The other value is found automatically from the field's type, current value and declaration (half or the next
+integer, twice the float, the negated bool, another of its declared choices...) or taken from :data:`OTHER_VALUES`;
+up to three values that the configuration accepts and that train are tried, and one changed result is enough (an
+alias of the default, ``model: mlp`` for ``auto``, changes nothing and is not a defect). A field whose every other
+value is refused at load is fine (``momentum`` under Adam: declared used only with ``optimizer: sgd``). A field
+declared used only with another setting is changed on top of that setting's declared example; :data:`CONTEXT` gives
+what else a field needs to act at this scale, :data:`SAME_HERE` the fields that train the same on this tiny balanced
+data and why, :data:`OPEN` the ignored settings found in files owned elsewhere and being fixed there. About 2 minutes
+with ``-n 2`` on the quiet 2-core VM (7-17 minutes when loaded); one strategy: ``pytest tests/test_fields.py -k lwf``.
+"""
 
 from __future__ import annotations
 
@@ -21,12 +23,14 @@ import typing
 import pytest
 import torch
 
-from clbench.config import NAMED_CHOICES, NOT_TRAINING, build_config, config_hash
+from clbench.config import NOT_TRAINING, build_config, config_hash
 from clbench.errors import ConfigError
+from clbench.protocol import CLASSIFICATION
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import seed_everything
 from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
-from tests.test_contract import SCENARIO_FOR, _tiny
+from clbench.typecheck import declarations
+from tests.test_contract import _tiny, scenario_for
 
 SYNTHETIC = {"n_classes": 6, "n_experiences": 3, "train_per_class": 8, "test_per_class": 4}
 """Three experiences: what a memory or an importance matrix keeps after the first one changes the last training."""
@@ -39,11 +43,8 @@ def _preset(name: str) -> str:
 SHIPPED = [n for n in STRATEGIES.names() if STRATEGIES.get(n).__module__.startswith("clbench.")]
 
 OTHER_VALUES: dict[str, list] = {
-    "model": ["cnn", "vit"], "head": ["fixed", "multi"], "optimizer": ["sgd"],
-    "activation": ["gelu", "tanh"], "arch": ["imagenet", "cifar"], "attention": ["reattention"],
-    "augment": [("flip",), ()], "correction": ["none", "bias"], "loss": ["ce", "mse"],
-    "memory": ["reservoir", "herding", "class_balanced"], "mode": ["online", "joint", "separate"],
-    "weighting": ["samples", "uniform"], "placement": ["ffn", "attn", "both"],
+    "model": ["cnn", "vit"], "head": ["fixed", "multi"], "optimizer": ["sgd"], "arch": ["imagenet", "cifar"],
+    "augment": [("flip",), ()], "memory": ["reservoir", "herding", "class_balanced"],
     "model_args": [{"hidden": [9]}, {"embed_dim": 12, "depth": 1, "num_heads": 2, "patch_size": 4}],
     "arch_overrides": [{"embed_dim": 12, "depth": 1, "num_heads": 2, "patch_size": 4}],
     "lr_milestones": [(1,)], "milestones": [(1,)], "first_milestones": [(1,)], "retrain_milestones": [(1,)],
@@ -51,19 +52,18 @@ OTHER_VALUES: dict[str, list] = {
     "warmup": [0.5], "sigma_dp": [0.5], "loss_positions": [1], "first_epochs": [2],
     "route_holdout": [2], "patterns_per_exp": [4], "sample_size": [4], "mem_strength": [1], "subsample": [2],
 }
-"""Other values for fields whose type alone does not say which values are valid (names, tuples, mappings)."""
+"""Other values for fields whose type and declaration alone do not say which values are valid or tried first (a
+registry's names that fit the tiny scenario, tuples, mappings)."""
 
 CONTEXT: dict[str, dict] = {
     "lr_milestones": {"epochs": 2}, "milestones": {"epochs": 2}, "first_milestones": {"epochs": 2},
     "retrain_milestones": {"epochs": 2}, "lr_decay": {"epochs": 2, "lr_milestones": (1,), "milestones": (1,)},
-    "warmup": {"epochs": 3}, "min_lr": {"epochs": 2}, "warmup_lr": {"warmup_epochs": 1},
-    "crop_padding": {"augment": ("crop",)}, "alpha": {"loss": "mse"}, "kappa": {"loss": "mse"},
-    "sigma_dp": {"attention": "reattention"}, "error_scale": {"attention": "reattention", "sigma_dp": 0.5},
-    "prior_noise": {"attention": "reattention", "sigma_dp": 0.5},
+    "warmup": {"epochs": 3}, "min_lr": {"epochs": 2}, "error_scale": {"sigma_dp": 0.5},
+    "prior_noise": {"sigma_dp": 0.5}, "decay_factor": {"decay_factor": 0.9},   # EWC's online mode needs one
 }
-"""Settings a field needs to act at this scale (a milestone needs a second epoch) or at all (DER's pruning
-loss's α needs ``loss: mse``): the field is changed on top of them, and compared with them alone (keys the
-strategy's Config lacks are left out)."""
+"""Settings a field needs to act at this scale (a milestone needs a second epoch; Re-Attention's error scale a
+noise to scale), beyond the setting it is declared used only with: the field is changed on top of them, and compared
+with them alone (keys the strategy's Config lacks are left out)."""
 
 BASE: dict[str, dict] = {"er_aml": {"mem_size": 36}, "gss": {"mem_size": 8}}
 """Tiny overrides a strategy needs on the 6-class scenario (ER-AML: a memory of batch_size samples per class; GSS:
@@ -95,13 +95,14 @@ SKIPPED = {"init": "a checkpoint that fits each strategy's backbone: loading is 
            **dict.fromkeys(("prune", "prune_lambda", "prune_s_max", "prune_init"),
                            "DER's channel masks need a backbone with BatchNorm (resnet32), which the flat synthetic "
                            "inputs cannot feed: tested in tests/test_der.py; the weights are refused at load without "
-                           "prune: true (clbench.config.USED_ONLY_WITH)")}
+                           "prune: true (declared used only with it)")}
 
 
-def _candidates(field: str, value: typing.Any, annotation: typing.Any) -> list:
+def _candidates(name: str, field: str, value: typing.Any, annotation: typing.Any) -> list:
     out = list(OTHER_VALUES.get(field, []))
-    if field in NAMED_CHOICES:
-        out += [c for c in NAMED_CHOICES[field]() if c != value]
+    choices = declarations(STRATEGIES.get(name).Config)[field].allowed()
+    if choices is not None and not isinstance(value, tuple):
+        out += [c for c in choices if c != value]
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Literal:
         out += [a for a in args if a != value]
@@ -121,7 +122,7 @@ def _others(name: str, field: str, base: dict) -> typing.Iterator[tuple[typing.A
     config_cls = STRATEGIES.get(name).Config
     default = build_config(name, _preset(name), base)
     annotation = typing.get_type_hints(config_cls).get(field)
-    for candidate in _candidates(field, getattr(default, field), annotation):
+    for candidate in _candidates(name, field, getattr(default, field), annotation):
         try:
             companions = COMPANIONS.get(f"{name}.{field}", {})
             args = {**base, field: candidate, **companions}
@@ -141,7 +142,8 @@ def _trained(name: str, config) -> tuple:
     """What two tiny experiences produce: predictions on test inputs and parameter counts after each step."""
     torch.set_num_threads(1)
     seed_everything(0)
-    scenario = SCENARIO_FOR[name]() if name in SCENARIO_FOR else SCENARIOS.get("synthetic")(seed=0, **SYNTHETIC)
+    scenario = scenario_for(name) if STRATEGIES.get(name).scenario_kinds[0] != CLASSIFICATION else \
+        SCENARIOS.get("synthetic")(seed=0, **SYNTHETIC)
     seed_everything(0)
     cls = STRATEGIES.get(name)
     strategy = cls(scenario.info, "cpu", config)
@@ -154,6 +156,14 @@ def _trained(name: str, config) -> tuple:
     with torch.no_grad():
         scores = strategy.predict(x, torch.zeros(6, dtype=torch.long))
     return scores.detach().clone(), counts, strategy.extra_metrics()
+
+
+def _context(name: str, field: str, fields: list[str]) -> dict:
+    """What ``field`` needs to act: the declared example of the setting it is used only with, and :data:`CONTEXT`
+    (keys the strategy's Config lacks left out)."""
+    need = declarations(STRATEGIES.get(name).Config)[field].only_with
+    context = {need.other: need.example} if need is not None else {}
+    return {k: v for k, v in {**context, **CONTEXT.get(field, {})}.items() if k in fields}
 
 
 def _same(a: tuple, b: tuple) -> bool:
@@ -172,8 +182,7 @@ def test_every_config_field_changes_the_identity_and_the_result_or_is_listed(nam
     for field in fields:
         if field in SKIPPED:
             continue
-        base = {**_tiny(name, _preset(name)), **BASE.get(name, {}),
-                **{k: v for k, v in CONTEXT.get(field, {}).items() if k in fields}}
+        base = {**_tiny(name, _preset(name)), **BASE.get(name, {}), **_context(name, field, fields)}
         key = repr(sorted(base.items()))
         if key not in references:
             references[key] = (_trained(name, build_config(name, _preset(name), base)), _identity(name, base))

@@ -1,18 +1,22 @@
-"""Value ranges have one home (:data:`clbench.typecheck.RANGES` and its suffix/prefix rules) and one check
+"""Value ranges are declared beside the field they are for (:func:`clbench.typecheck.setting`), generic names keep
+one central rule (:data:`clbench.typecheck.RANGES` and its suffix/prefix rules), and there is one check
 (:func:`clbench.typecheck.check_range`): a value out of range is refused the same way whether it comes from a suite
-file or from a ``Config`` built in Python, for every ranged field of every shipped strategy."""
+file or from a ``Config`` built in Python, for every ranged field of every shipped strategy; no shipped number is
+left to the fallback rule of an undeclared one."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import typing
 
 import pytest
 
 from clbench.config import build_config
 from clbench.errors import ConfigError
-from clbench.registry import STRATEGIES
-from clbench.typecheck import Range, RangeChecked, range_of
+from clbench.registry import CALLBACKS, MODELS, SCENARIOS, STRATEGIES
+from clbench.typecheck import RANGES, Range, RangeChecked, declarations, range_of
 
 SHIPPED = [n for n in STRATEGIES.names() if STRATEGIES.get(n).__module__.startswith("clbench.")]
 
@@ -24,19 +28,26 @@ def _outside(allowed: Range) -> float:
     return allowed.high if allowed.open_high else allowed.high + 1
 
 
+def _numeric(annotation: typing.Any) -> bool:
+    """An int or float field (or one that may be None), not a container of them."""
+    args = typing.get_args(annotation) or (annotation,)
+    return any(a in (int, float) for a in args) and typing.get_origin(annotation) not in (tuple, list)
+
+
 def _ranged_fields() -> list[tuple[str, str, float]]:
-    """``(strategy, field, bad value)`` for every numeric field with a range, once per Config class."""
+    """``(strategy, field, bad value)`` for every numeric field with a bounded range, once per Config class."""
     cases, seen = [], set()
     for name in SHIPPED:
         config_cls = STRATEGIES.get(name).Config
-        for f in dataclasses.fields(config_cls):
-            allowed = range_of(f.name)
-            if allowed is None or (config_cls, f.name) in seen or "int" not in str(f.type) and "float" not in \
-                    str(f.type) or "tuple" in str(f.type):
+        hints = typing.get_type_hints(config_cls)
+        for field, declared in declarations(config_cls).items():
+            allowed, _ = declared.range_for(field)
+            if config_cls in seen or not _numeric(hints[field]) or allowed.low is None and allowed.high is None:
                 continue
-            seen.add((config_cls, f.name))
             bad = _outside(allowed)
-            cases.append((name, f.name, float(bad) if "float" in str(f.type) else int(bad)))
+            cases.append((name, field, float(bad) if float in (typing.get_args(hints[field]) or (hints[field],))
+                          else int(bad)))
+        seen.add(config_cls)
     return cases
 
 
@@ -47,12 +58,35 @@ def test_every_shipped_config_is_range_checked_at_construction():
     assert [n for n in SHIPPED if not issubclass(STRATEGIES.get(n).Config, RangeChecked)] == []
 
 
-def test_the_cases_cover_the_ranges_the_configs_checked_themselves_before():
+def test_every_shipped_number_declares_its_range_or_has_a_generic_name():
+    """The fallback for an undeclared number (``>= 0``) is for plugins that forgot: every shipped Config number
+    declares its range beside it or is a generic name (``lr``, ``*_size``, ``n_*``)."""
+    undeclared = sorted({f"{STRATEGIES.get(n).Config.__name__}.{field}" for n in SHIPPED
+                         for field, declared in declarations(STRATEGIES.get(n).Config).items()
+                         if not declared.range_for(field)[1]
+                         and _numeric(typing.get_type_hints(STRATEGIES.get(n).Config)[field])})
+    assert undeclared == []
+
+
+def test_the_central_table_names_generic_fields_only():
+    """Each name of :data:`RANGES` is shared: by the Configs of several strategy modules, or by a model, scenario or
+    callback factory (whose parameters have no declarations of their own). A strategy's own field declares its
+    range beside it."""
+    modules: dict[str, set[str]] = {}
+    for name in SHIPPED:
+        for field in declarations(STRATEGIES.get(name).Config):
+            modules.setdefault(field, set()).add(STRATEGIES.get(name).__module__)
+    parameters = {param for registry in (MODELS, SCENARIOS, CALLBACKS) for name in registry.names()
+                  for param in inspect.signature(registry.get(name)).parameters}
+    assert [f for f in RANGES if f not in parameters and len(modules.get(f, ())) < 2] == []
+
+
+def test_the_cases_cover_the_ranges_declared_beside_their_fields():
     covered = {field for _, field, _ in CASES}
     assert {"epochs", "batch_size", "mem_size", "lr", "prune_s_max", "prune_init", "retrain_temperature",
             "sigma_dp", "prior_noise", "warmup", "loss_positions", "route_holdout", "n_shards", "last_blocks",
-            "size", "prefix_length", "prefix_reparam", "scale", "lora_alpha", "first_epochs",
-            "retrain_epochs"} <= covered
+            "size", "prefix_length", "prefix_reparam", "scale", "lora_alpha", "first_epochs", "retrain_epochs",
+            "kd_tau", "decay_factor", "kappa", "temperature", "val_percentage", "lamb", "heads"} <= covered
 
 
 @pytest.mark.parametrize(("strategy", "field", "bad"), CASES, ids=[f"{s}.{f}" for s, f, _ in CASES])
@@ -61,13 +95,25 @@ def test_an_out_of_range_value_is_refused_alike_from_a_suite_and_from_python(str
         build_config(strategy, None, {field: bad})
     with pytest.raises(ValueError) as built:
         STRATEGIES.get(strategy).Config(**{field: bad})
-    message = f"{field}: {bad!r} is out of range: {field} must be {range_of(field)}"
+    allowed, _ = declarations(STRATEGIES.get(strategy).Config)[field].range_for(field)
+    message = f"{field}: {bad!r} is out of range: {field} must be {allowed}"
     assert message in str(loaded.value) and str(built.value) == message
 
 
-@pytest.mark.parametrize(("field", "inside", "outside"), [
-    ("prune_s_max", 1.0001, 1.0), ("warmup", 0.0, 1.0), ("retrain_temperature", 1e-9, 0.0),
-    ("prefix_reparam", 0, -1), ("lora_alpha", 1e-9, 0.0), ("sigma_dp", 0.0, -1e-9)])
-def test_the_edges_of_the_ranges_that_moved_into_typecheck(field, inside, outside):
-    allowed = range_of(field)
-    assert inside in allowed and outside not in allowed and not math.isnan(inside)
+@pytest.mark.parametrize(("strategy", "field", "inside", "outside"), [
+    ("der", "prune_s_max", 1.0001, 1.0), ("seqrec", "warmup", 0.0, 1.0), ("der", "retrain_temperature", 1e-9, 0.0),
+    ("lora", "prefix_reparam", 0, -1), ("lora", "lora_alpha", 1e-9, 0.0), ("seqrec", "sigma_dp", 0.0, -1e-9),
+    ("bic", "lamb", -1.0, -1.5), ("ewc_online", "decay_factor", 1.0, 0.0)])
+def test_the_edges_of_the_declared_ranges(strategy, field, inside, outside):
+    allowed, declared = declarations(STRATEGIES.get(strategy).Config)[field].range_for(field)
+    assert declared and inside in allowed and outside not in allowed and not math.isnan(inside)
+
+
+def test_a_field_declares_its_own_range_over_the_generic_rule_of_its_name():
+    """``lora_alpha`` ends with ``_alpha`` (generic: ``>= 0``) but declares ``> 0``; a generic name without a
+    declaration keeps the central rule."""
+    declared = declarations(STRATEGIES.get("lora").Config)
+    assert range_of("lora_alpha") == Range(0) and declared["lora_alpha"].range_for("lora_alpha")[0] == \
+        Range(0, open_low=True)
+    assert declared["lr"].range_for("lr") == (RANGES["lr"], True)
+    assert {f.name for f in dataclasses.fields(STRATEGIES.get("lora").Config)} == set(declared)

@@ -18,7 +18,7 @@ def test_readme_strategy_example_registers_and_runs(tmp_path):
                                          "callbacks": [{"name": "hook_trace"}]}]})
     (record,) = LocalExecutor().run_all(suite.run_specs("cpu"), tmp_path)
     assert record.status == "finished", record.reason
-    assert record.strategy_config == {"hidden": 16, "epochs": 2, "batch_size": 32, "lr": 1e-3}
+    assert record.strategy_config == {"hidden": 16, "epochs": 2, "batch_size": 32, "lr": 1e-3, "optimizer": "adam"}
     assert len(record.accuracy_matrix) == 3 and record.accuracy_matrix[0][0] > 0.5  # above chance on its 2 classes
     assert (tmp_path / "artifacts" / record.run_id / "hooks.jsonl").exists()        # its loop fires the callbacks
 

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from clbench.callbacks import CallbackContext, CallbackSpec
 from clbench.executors import LocalExecutor
 from clbench.models.seqrec import SeqRec, TargetScores, next_item_loss, target_loss
-from clbench.protocol import ScenarioInfo
+from clbench.protocol import NEXT_ITEM, ScenarioInfo
 from clbench.registry import MODELS, SCENARIOS, STRATEGIES
 from clbench.scenarios.movielens import sequences_scenario
 from clbench.strategies.seqrec import item_counts, item_frequency
@@ -25,6 +25,9 @@ def cycles(*, seed: int = 0, n_experiences: int = 1, users: int = 40, length: in
     """Each user walks the items in a cycle (next = item % 12 + 1) from its own start: next-item is learnable."""
     rows = [(u, (u + t) % N_ITEMS + 1, 1, 1000 * t + u) for u in range(users) for t in range(length)]
     return sequences_scenario(np.array(rows), n_experiences, max_len=6, n_items=N_ITEMS)
+
+
+cycles.kind = NEXT_ITEM
 
 
 @pytest.mark.parametrize("attention", ["vanilla", "reattention"])
@@ -85,7 +88,7 @@ def test_model_registered_and_config_refuses_unknown_attention():
     info = ScenarioInfo("r", 1, (7,), extra={"n_items": 9})
     model = MODELS.get("seqrec")(info, dim=8)
     assert model.max_len == 7 and model.output.out_features == 10
-    with pytest.raises(ValueError, match="attention must be one of"):
+    with pytest.raises(ValueError, match="attention: unknown attention 'sparse'. Choose one of: reattention, vanilla"):
         STRATEGIES.get("seqrec").Config(attention="sparse")
 
 

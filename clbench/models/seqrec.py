@@ -42,7 +42,7 @@ from clbench.privacy.reattention import (
     layer_norm_var,
     linear_var,
 )
-from clbench.protocol import ScenarioInfo
+from clbench.protocol import NEXT_ITEM, ScenarioInfo
 from clbench.registry import MODELS
 
 
@@ -201,3 +201,6 @@ def next_item_loss(scores: Tensor, targets: Tensor, reduction: str = "mean") -> 
 def seqrec(info: ScenarioInfo, **kwargs) -> SeqRec:
     """:class:`SeqRec` for a recommendation scenario (``info.extra['n_items']``, ``info.input_shape = (L,)``)."""
     return SeqRec(info.extra["n_items"], info.input_shape[0], **kwargs)
+
+
+seqrec.kind = NEXT_ITEM       # the kind of scenario it is built for (clbench.protocol.scenario_kind)

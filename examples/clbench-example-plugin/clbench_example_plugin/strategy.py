@@ -17,21 +17,23 @@ from torch import nn
 from torch.nn import functional as F
 
 from clbench.cl.data import experience_tensors
-from clbench.protocol import ParamCount, StrategyBase
+from clbench.protocol import CLASSIFICATION, ParamCount, StrategyBase
 from clbench.registry import STRATEGIES
-from clbench.training import FitSettings, fit
-from clbench.typecheck import RangeChecked
+from clbench.training import OPTIMIZERS, FitSettings, fit
+from clbench.typecheck import AT_LEAST_1, RangeChecked, setting
 
 
 @dataclass
 class NearestMeanConfig(RangeChecked):
-    """Ranges come from clbench.typecheck.RANGES by field name (hidden, epochs, batch_size >= 1; lr > 0): checked
-    at load for a suite file and at construction in Python."""
+    """What each field may be is declared beside it (:func:`clbench.typecheck.setting`); ``epochs``,
+    ``batch_size`` and ``lr`` are generic names with a central rule (``>= 1``, ``>= 1``, ``> 0``). Checked at load
+    for a suite file and at construction in Python."""
 
-    hidden: int = 64
+    hidden: int = setting(64, within=AT_LEAST_1)                # width of the features f(x)
     epochs: int = 5
     batch_size: int = 32
     lr: float = 1e-3
+    optimizer: str = setting("adam", choices=OPTIMIZERS.names)   # one of clbench.training.OPTIMIZERS
 
 
 @STRATEGIES.register("nearest_mean")
@@ -40,6 +42,7 @@ class NearestMean(StrategyBase):
 
     Config = NearestMeanConfig
     PRESETS = {"cpu": {"epochs": 2}, "full": {}}
+    scenario_kinds = (CLASSIFICATION,)          # what it serves (the default, written out): labelled samples
 
     def __init__(self, info, device, config):
         super().__init__(info, device, config)
@@ -52,7 +55,8 @@ class NearestMean(StrategyBase):
     def train(self, experience):
         x, y = (t.to(self.device) for t in experience_tensors(experience))
         model = nn.Sequential(self.features, self.head)
-        settings = FitSettings(self.config.epochs, self.config.batch_size, self.config.lr, optimizer="adam")
+        settings = FitSettings(self.config.epochs, self.config.batch_size, self.config.lr,
+                               optimizer=self.config.optimizer)
         fit(model, model, model.parameters(), x, y, F.cross_entropy, settings,
             seed=experience.current_experience, callbacks=self.callbacks)
         with torch.no_grad():
