@@ -113,6 +113,7 @@ PRESETS: dict[str, dict] = {
     "cpu": {"epochs": 3, "batch_size": 32},
 }
 
+
 def method_presets(method: str) -> dict[str, dict]:
     """:data:`PRESETS` with the method's ``cpu`` sizes (declared where it registers: ``METHODS.get(method).cpu``)."""
     return {**PRESETS, "cpu": {**PRESETS["cpu"], **METHODS.get(method).cpu}}
