@@ -28,8 +28,9 @@ and when the run has finished, its record's ``metrics`` (the leaderboard's colum
   ``final/<column>`` at the last step, through ``torch.utils.tensorboard`` into ``<artifacts>/tensorboard/`` (extra
   ``tensorboard``; an earlier attempt's event files are removed when the run starts);
 - ``wandb`` logs them to a Weights & Biases run named after the run, offline by default, under
-  ``<artifacts>/wandb/`` (extra ``wandb``): ``loss``/``lr`` against ``train_step``, ``eval/<scalar>`` against
-  ``eval_step``, the summary in the run's summary. ``--quiet`` silences its console output (``WANDB_SILENT``).
+  ``<artifacts>/wandb/`` (extra ``wandb``; an earlier attempt's offline runs are removed when the run starts):
+  ``loss``/``lr`` against ``train_step``, ``eval/<scalar>`` against ``eval_step``, the summary in the run's summary.
+  ``--quiet`` silences its console output (``WANDB_SILENT``).
 
 Attach the optional ones like any callback: ``callbacks: [{name: tensorboard}]`` in a suite entry, or
 ``clbench.api.run(..., callbacks=["tensorboard"], out=...)``; they need an output folder.
@@ -240,6 +241,8 @@ class WandbLog(EpochLogger):
         import wandb  # extra "wandb"
 
         name = f"{context.run_id}.{context.member}" if context.member else context.run_id
+        if context.artifacts is not None and not context.member:    # an earlier attempt's offline runs
+            shutil.rmtree(context.artifacts / "wandb", ignore_errors=True)
         self.run = wandb.init(project=self.project, name=name, dir=str(self.folder("wandb")), mode=self.mode,
                               reinit="create_new")
         for axis, logged in (("train_step", ("loss", "lr")), ("eval_step", ("eval/*",))):

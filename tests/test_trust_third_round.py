@@ -94,10 +94,12 @@ def _logs(artifacts: Path) -> dict[str, str]:
             ("training_log.jsonl", "training_log.csv", "evaluation_log.jsonl", "hooks.jsonl")}
 
 
-def test_a_run_redone_rewrites_its_training_evaluation_and_hook_logs(tiny_suite, tmp_path):
+def test_a_run_redone_rewrites_its_training_evaluation_and_hook_logs(tiny_suite, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "out"
     suite = tiny_suite([{"name": "naive", "preset": "cpu", "args": {"epochs": 2},
-                         "callbacks": [{"name": "hook_trace", "args": {"batches": 1}}]}],
+                         "callbacks": [{"name": "hook_trace", "args": {"batches": 1}}, {"name": "tensorboard"},
+                                       {"name": "wandb"}]}],
                        scenario_args={"train_per_class": 8, "test_per_class": 4, "n_experiences": 2})
     assert _run(suite, out) == 0
     artifacts = out / "artifacts" / "synthetic__naive__s0"
@@ -109,6 +111,8 @@ def test_a_run_redone_rewrites_its_training_evaluation_and_hook_logs(tiny_suite,
             f.write(first[name].splitlines()[-1] + "\n")
     assert _run(suite, out, "--force") == 0
     assert _logs(artifacts) == first        # exactly the rerun's own rows (the runs are deterministic)
+    assert len(list((artifacts / "tensorboard").glob("events.*"))) == 1       # the rerun's writer only
+    assert len(list((artifacts / "wandb" / "wandb").glob("offline-run-*"))) == 1
 
 
 # ------------------------------------------------------------------------------------------------------- names
