@@ -1,6 +1,7 @@
-"""The package is layered: no import cycle between clbench modules, counting every import statement — at module
-level, inside functions (a late binding is still an arrow a reader must follow) and under ``if TYPE_CHECKING:`` (a
-typing-only arrow too: the module's types depend on the other's); and README's Layout names every module."""
+"""The package is layered: no import cycle between clbench modules and no import from a higher layer (:data:`LAYERS`),
+counting every import statement — at module level, inside functions (a late binding is still an arrow a reader must
+follow) and under ``if TYPE_CHECKING:`` (a typing-only arrow too: the module's types depend on the other's); and
+README's Layout names every module."""
 
 import ast
 import re
@@ -94,6 +95,50 @@ def f():
 """
     known = {"clbench.metrics", "clbench.models", "clbench.models.vit", "clbench.runner", "clbench.registry"}
     assert imports_of(source, "clbench", known) == {"clbench.metrics", "clbench.models.vit", "clbench.runner"}
+
+
+LAYERS = (
+    ("core", ("clbench", "clbench.errors", "clbench.typecheck", "clbench.names", "clbench.files", "clbench.metrics",
+              "clbench.plugins", "clbench.registry", "clbench.config", "clbench.protocol", "clbench.callbacks",
+              "clbench.evaluation", "clbench.streams", "clbench.specs", "clbench.fingerprint", "clbench.training",
+              "clbench.pretraining", "clbench.environment", "clbench.records", "clbench.progress",
+              "clbench.artifacts", "clbench.loggers", "clbench.workers", "clbench.tasks", "clbench.leaderboard",
+              "clbench.report", "clbench.suite_report")),
+    ("privacy", ("clbench.privacy",)),
+    ("parts", ("clbench.cl", "clbench.models", "clbench.data")),
+    ("methods", ("clbench.petl", "clbench.tangent", "clbench.analysis")),
+    ("plugins", ("clbench.strategies", "clbench.scenarios")),
+    ("runs", ("clbench.runner", "clbench.executors", "clbench.api", "clbench.suite_file", "clbench.html_report")),
+    ("command line", ("clbench.cli", "clbench.__main__", "clbench.commands")),
+)
+"""The layers, lowest first: a module is in the layer of the longest name here that is itself or a package above
+it. A module imports only from its own layer and the ones below (the privacy rules sit under the models, which
+register their layers' rules; suite loading sits with the runs, as it checks private-training settings; the tables
+and plots read records only, report.html also paired differences)."""
+
+
+def layer_of(module: str) -> int:
+    matches = [(len(name), index) for index, (_, names) in enumerate(LAYERS) for name in names
+               if module == name or module.startswith(name + ".")]
+    assert matches, f"{module} is in no layer of tests/test_imports.py's LAYERS: add it where it belongs"
+    return max(matches)[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{module} ({LAYERS[layer_of(module)][0]}) imports {dep} ({LAYERS[layer_of(dep)][0]})"
+            for module, deps in sorted(graph.items()) for dep in sorted(deps) if layer_of(dep) > layer_of(module)]
+
+
+def test_no_module_imports_from_a_higher_layer():
+    graph = import_graph()
+    assert {"clbench.plugins", "clbench.commands.run", "clbench.cl.template"} <= set(graph)
+    assert upward_imports(graph) == []
+
+
+def test_an_upward_import_is_found():
+    """A registry that called back into the command line (the kind of arrow the layers forbid) is reported."""
+    graph = {**import_graph(), "clbench.registry": {"clbench.commands.lists"}}
+    assert upward_imports(graph) == ["clbench.registry (core) imports clbench.commands.lists (command line)"]
 
 
 def layout_paths(readme: str) -> set[str]:
