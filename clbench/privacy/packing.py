@@ -11,8 +11,8 @@ target; packed sequences) gathers those rows into one ``(N, d)`` tensor and call
 
 Outside private training this is a plain call (a context variable is set and reset). While a
 :class:`~clbench.privacy.tape.Tape` is installed, every hooked call made inside the block records the index, and
-its rule (one that supports packed rows: ``nn.Linear``, :data:`~clbench.privacy.rules.LINEAR`) forms each sample's
-gradient from that sample's rows only. For ``y_r = W a_r`` on rows ``r`` with sample ``s(r)``::
+its rule (one that supports packed rows: ``nn.Linear``, LayerNorm, LayerScale, a bare product with a weight) forms
+each sample's gradient from that sample's rows only. For ``y_r = W a_r`` on rows ``r`` with sample ``s(r)``::
 
     ∇W_i = Σ_{r: s(r) = i} g_r a_rᵀ
     ‖∇W_i‖² = Σ_{r, r': s(r) = s(r') = i} ⟨a_r, a_r'⟩ ⟨g_r, g_r'⟩          (the ghost Gram within sample i's rows)
