@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).parents[1]
 # folder -> the package name it installs as (setup.py's package-dir mapping)
 FOLDERS = {REPO / "clbench": "clbench", REPO / "strategies": "clbench.strategies",
@@ -103,12 +105,13 @@ LAYERS = (
               "clbench.evaluation", "clbench.streams", "clbench.specs", "clbench.fingerprint", "clbench.training",
               "clbench.pretraining", "clbench.environment", "clbench.records", "clbench.progress",
               "clbench.artifacts", "clbench.loggers", "clbench.workers", "clbench.tasks", "clbench.leaderboard",
-              "clbench.report", "clbench.suite_report")),
+              "clbench.report", "clbench.suite_report", "clbench.precision", "clbench.optional")),
     ("privacy", ("clbench.privacy",)),
     ("parts", ("clbench.cl", "clbench.models", "clbench.data")),
     ("methods", ("clbench.petl", "clbench.tangent", "clbench.analysis")),
     ("plugins", ("clbench.strategies", "clbench.scenarios")),
-    ("runs", ("clbench.runner", "clbench.executors", "clbench.api", "clbench.suite_file", "clbench.html_report")),
+    ("runs", ("clbench.runner", "clbench.executors", "clbench.api", "clbench.suite_file", "clbench.html_report",
+              "clbench.preflight")),
     ("command line", ("clbench.cli", "clbench.__main__", "clbench.commands")),
 )
 """The layers, lowest first: a module is in the layer of the longest name here that is itself or a package above
@@ -119,7 +122,7 @@ and plots read records only, report.html also paired differences)."""
 
 def layer_of(module: str) -> int:
     matches = [(len(name), index) for index, (_, names) in enumerate(LAYERS) for name in names
-               if module == name or module.startswith(name + ".")]
+               if module == name or module.startswith(name + ".") and name != "clbench"]   # the package: itself only
     assert matches, f"{module} is in no layer of tests/test_imports.py's LAYERS: add it where it belongs"
     return max(matches)[1]
 
@@ -133,6 +136,12 @@ def test_no_module_imports_from_a_higher_layer():
     graph = import_graph()
     assert {"clbench.plugins", "clbench.commands.run", "clbench.cl.template"} <= set(graph)
     assert upward_imports(graph) == []
+
+
+def test_a_module_in_no_layer_is_named():
+    with pytest.raises(AssertionError, match="clbench.brand_new is in no layer"):
+        layer_of("clbench.brand_new")
+    assert LAYERS[layer_of("clbench.privacy.tape")][0] == "privacy" and LAYERS[layer_of("clbench")][0] == "core"
 
 
 def test_an_upward_import_is_found():
