@@ -6,17 +6,23 @@
   parameters added or concatenated to activations (positional tables, class tokens) in :mod:`clbench.privacy.bare`.
   The packages that own other layers register theirs (:mod:`clbench.tangent.rules`, :mod:`clbench.petl.rules`,
   :mod:`clbench.models.vit`) when they are imported; this package imports none of them.
-  A parameter tied between an ``nn.Embedding`` and an ``nn.Linear`` (shared input/output embeddings) is clipped as
-  one parameter, cross term included (phantom clipping, :mod:`clbench.privacy.tied`).
+  A parameter with several uses — tied between an ``nn.Embedding`` and an ``nn.Linear`` (shared input/output
+  embeddings), or a layer's weight also used bare in a matrix product (GPT-2/BERT heads) — is clipped as one
+  parameter, cross terms included (phantom clipping, :mod:`clbench.privacy.tied`); :mod:`clbench.privacy.uses`
+  follows what no layer sees (those products, layer outputs broadcast over the batch such as nanoGPT's positions);
+  :func:`rows_of` (:mod:`clbench.privacy.packing`) lets a model call a layer on rows of several samples with each
+  row's sample (packed rows). The first-step invariant (:meth:`Tape.explain`): the rules must explain every
+  parameter's whole gradient, or the run stops naming the parameter.
 - :class:`PrivateTraining` — the ``dp`` callback: DP-SGD / DP-Adam step, Poisson batches, RDP accounting
   (:mod:`clbench.privacy.step`, :mod:`clbench.privacy.accountant`, :mod:`clbench.privacy.sampling`).
 """
 
 from clbench.privacy import attention, bare  # noqa: F401 - register torch's attention and bare-parameter rules
 from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
+from clbench.privacy.packing import rows_of
 from clbench.privacy.rules import RULES, Call, Rule, UnsupportedLayerError, register_rule
 from clbench.privacy.step import DPConfig, PrivateTraining
 from clbench.privacy.tape import Tape, per_sample_grad_norms
 
 __all__ = ["RULES", "Call", "DPConfig", "PrivacyBudgetError", "PrivateTraining", "Rule", "Tape",
-           "UnsupportedLayerError", "epsilon", "noise_multiplier", "per_sample_grad_norms", "register_rule"]
+           "UnsupportedLayerError", "epsilon", "noise_multiplier", "per_sample_grad_norms", "register_rule", "rows_of"]

@@ -41,7 +41,7 @@ from clbench.privacy.rules import (
     own,
     rows,
 )
-from clbench.privacy.tied import FORMS, Form, Product, cross_sq_norms, forms
+from clbench.privacy.tied import FORMS, Form, Product, check_shared, cross_sq_norms
 from clbench.privacy.uses import Watch
 
 
@@ -116,7 +116,7 @@ class Tape:
                 self.handles += self._activity(module)
         for owners in self.owners.values():
             if len(owners) > 1:
-                forms(owners)
+                check_shared(owners)
         self.watch = Watch({i: (p, [m for m, _, _ in self.owners[i]], self.param_name(p))
                             for i, p in self.params.items()}, self.active, self._product_recorder)
         for root in roots:

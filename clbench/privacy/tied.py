@@ -98,7 +98,7 @@ FORMS: dict[type, Callable[[nn.Module, object], dict[str, Form]]] = {
 other uses."""
 
 
-def forms(owners: list[tuple[nn.Module, str, str]]) -> None:
+def check_shared(owners: list[tuple[nn.Module, str, str]]) -> None:
     """Refuse a parameter shared by owners ``[(module, qualified name, parameter name)]`` whose forms are unknown."""
     if not all(type(m) in FORMS and n == "weight" for m, _, n in owners):
         names = ", ".join(f"{q}.{n} ({type(m).__name__})" for m, q, n in owners)
@@ -152,4 +152,4 @@ def cross_sq_norms(uses: list[Form]) -> Tensor | None:
     return 2 * sum(terms[1:], terms[0]) if terms else None
 
 
-__all__ = ["FORMS", "Form", "Lookup", "Product", "cross", "cross_sq_norms", "forms"]
+__all__ = ["FORMS", "Form", "Lookup", "Product", "check_shared", "cross", "cross_sq_norms"]
