@@ -21,6 +21,7 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -59,8 +60,12 @@ def _plugins_argument(parser: argparse.ArgumentParser) -> None:
 
 def _parser(prog: str, command: str | None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported for its arguments (the others show their help line)."""
+    default = (f"Without a command, {prog} runs a suite: `{prog} --suite quick` is `{prog} run --suite quick`. The "
+               f"suite's flags (--suite, --strategy, --scenario, --seeds, --out, --jobs, --device, ...) are listed "
+               f"by `{prog} run --help`; a command's own by `{prog} COMMAND --help`.")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=textwrap.fill(default, 100))
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="command")
     common = _common_arguments()

@@ -38,7 +38,11 @@ def check_path_name(where: str, key: str, value: Any) -> str:
 
 
 def name_limit(folder: str | Path) -> int:
-    """The longest file name (bytes) ``folder``'s file system accepts (:data:`NAME_LIMIT` when it cannot tell)."""
+    """The longest file name (bytes) ``folder``'s file system accepts, asked of the nearest folder that exists
+    (``folder`` may be made later; :data:`NAME_LIMIT` when it cannot tell)."""
+    folder = Path(folder)
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
     try:
         return os.pathconf(folder, "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):

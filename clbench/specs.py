@@ -140,16 +140,19 @@ class SuiteSpec:
 
     def select(self, scenarios: list[str] | None = None, strategies: list[str] | None = None,
                seeds: list[int] | None = None) -> SuiteSpec:
-        """Restrict to the given scenario/strategy keys (labels or names) and/or replace the seeds."""
+        """Restrict to the given scenarios/strategies and/or replace the seeds. A wanted word picks, exactly, the
+        entry whose key (its label, else its name) it is; a name that is no entry's key picks every entry of that
+        name (``naive`` picks the row ``naive``, not ``naive_dp_eps8``, an entry of strategy naive too)."""
         def pick(entries, wanted, kind):
             if not wanted:
                 return entries
-            keys = {e.key for e in entries} | {e.name for e in entries}
+            keys = {e.key for e in entries}
+            names = {e.name for e in entries} - keys
             for w in wanted:
-                if w not in keys:
-                    raise ConfigError(f"suite {brief(self.name)} has no {kind} {brief(w)}.{suggest(w, keys)} "
-                                      f"It has: {', '.join(sorted(keys))}.")
-            return tuple(e for e in entries if e.key in wanted or e.name in wanted)
+                if w not in keys | names:
+                    raise ConfigError(f"suite {brief(self.name)} has no {kind} {brief(w)}.{suggest(w, keys | names)} "
+                                      f"It has: {', '.join(sorted(keys | names))}.")
+            return tuple(e for e in entries if e.key in wanted or e.name in wanted and e.name in names)
 
         if seeds:
             check_seeds("--seeds", list(seeds))

@@ -318,6 +318,7 @@ def test_a_read_only_artifacts_folder_is_one_line_before_the_first_run(tiny_suit
             raise OSError(errno.EROFS, "Read-only file system", str(self))
         return real(self, *args, **kwargs)
 
+    (tmp_path / "out" / "artifacts").mkdir(parents=True)        # read-only: it exists (a fresh one is made writable)
     monkeypatch.setattr(Path, "write_text", read_only)
     assert _run(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
     _one_error_line(capsys, "cannot be written to", "Read-only file system", "artifacts")

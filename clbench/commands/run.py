@@ -23,8 +23,13 @@ from clbench.suite_file import load_suite
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default="quick", help="shipped suite name or path of a suite .yaml (default: quick)")
-    p.add_argument("--scenario", nargs="+", help="only these scenarios of the suite (names or labels)")
-    p.add_argument("--strategy", nargs="+", help="only these strategies of the suite (names or labels)")
+    p.add_argument("--scenario", nargs="+",
+                   help="only these scenarios of the suite: rows by their exact label, or name when unlabelled; a "
+                        "name no row is labelled with picks every row of that scenario")
+    p.add_argument("--strategy", nargs="+",
+                   help="only these strategies of the suite: rows by their exact label, or name when unlabelled "
+                        "(naive runs the row naive, not naive_dp_eps8); a name no row is labelled with picks every "
+                        "row of that strategy")
     p.add_argument("--seeds", nargs="+", type=int, help="replace the suite's seeds")
     p.add_argument("--device", default="auto", help="auto (cuda when present), cpu or cuda[:N]")
     p.add_argument("--amp", action="store_true",
@@ -89,7 +94,8 @@ def _with_init(suite, init: str | None):
 def run(args: argparse.Namespace) -> int:
     """Everything that can be checked is checked before the first run: the suite, the flags, the device, the
     output folder (held locked while the suite runs: a second suite into it is refused), the executor and the
-    pre-flight of what the runs will use; each problem is one line and exit code 2."""
+    pre-flight of what the runs will use; each problem is one line and exit code 2, and leaves no output folder
+    behind (folders are made when the runs start)."""
     from clbench.environment import resolve_device
     from clbench.fingerprint import check_one_tree
 
@@ -99,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
     _check_amp(args.amp, resolve_device(args.device), suite)
     out = output_folder(args.out, suite.name)
     check_output_folder(out)
-    with locked_folder(out):          # a second suite into the same folder is refused, naming this one's pid
-        return _run_suite(args, suite, out)
+    return _run_suite(args, suite, out)
 
 
 def _run_suite(args: argparse.Namespace, suite, out: Path) -> int:
@@ -125,11 +130,12 @@ def _run_suite(args: argparse.Namespace, suite, out: Path) -> int:
     print(f"suite {suite.name}: {len(specs)} runs ({len(suite.scenarios)} scenarios x {len(suite.strategies)} "
           f"strategies x {len(suite.seeds)} seeds; {at_once}{threads or torch.get_num_threads()} torch thread(s) "
           f"each) -> {out}", file=sys.stderr)
-    records = executor.run_all(specs, out)
-    failed = [r for r in records if r.status != "finished"]
-    for r in failed:
-        print(f"FAILED {r.run_id}: {r.reason}", file=sys.stderr)
-    table, _ = write_tables(out)
+    with locked_folder(out):          # a second suite into the same folder is refused, naming this one's pid
+        records = executor.run_all(specs, out)
+        failed = [r for r in records if r.status != "finished"]
+        for r in failed:
+            print(f"FAILED {r.run_id}: {r.reason}", file=sys.stderr)
+        table, _ = write_tables(out)
     if not args.quiet_table:
         print((out / "leaderboard.md").read_text())
     print(f"leaderboard: {out / 'leaderboard.csv'} ({len(table)} rows), report: {out / 'report.md'}; {len(failed)} "
@@ -201,14 +207,20 @@ def output_folder(given: str | None, suite: str) -> Path:
 
 
 def check_output_folder(out: Path) -> None:
-    """Create ``out/runs`` and ``out/artifacts`` and write a file in each (and in ``out/state`` when it exists), so
-    that an unusable ``--out`` (read-only, full, not a folder) fails before the first run, not in each run."""
+    """Write and remove a file in ``out/runs``, ``out/artifacts`` and ``out/state`` where they exist, else in the
+    nearest folder above them that exists, so that an unusable ``--out`` (read-only, full, not a folder) fails
+    before the first run, not in each run. Nothing is created: a suite refused before its first run leaves no
+    folder behind."""
+    probed = set()
     for sub in ("runs", "artifacts", "state"):
-        if sub == "state" and not (out / sub).exists():
+        folder = out / sub
+        while not folder.exists() and folder.parent != folder:
+            folder = folder.parent
+        if folder in probed:
             continue
-        probe = out / sub / f".write-test-{os.getpid()}"
+        probed.add(folder)
+        probe = folder / f".write-test-{os.getpid()}"
         try:
-            probe.parent.mkdir(parents=True, exist_ok=True)
             probe.write_text("")
             probe.unlink()
         except OSError as exc:
