@@ -41,7 +41,6 @@ from clbench import typecheck
 from clbench.config import checked_config, type_hints
 from clbench.errors import ConfigError, check_keys, suggest
 from clbench.names import MAX_NAME, check_path_name
-from clbench.protocol import scenario_kind
 from clbench.registry import CALLBACKS, SCENARIOS, STRATEGIES, PluginError, load_plugin
 from clbench.specs import ScenarioEntry, StrategyEntry, SuiteSpec, check_seeds
 from clbench.typecheck import brief
@@ -172,6 +171,8 @@ def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: An
 def _check_kinds(source: str, scenarios: list[ScenarioEntry], strategies: list[StrategyEntry]) -> None:
     """Every strategy serves the kind of every scenario it is crossed with (its declared ``scenario_kinds``,
     :func:`clbench.protocol.scenario_kind`): a next-item model on images would fail only when its run starts."""
+    from clbench.protocol import scenario_kind  # imports torch: not for `clbench list` (shipped_suites)
+
     for i, strategy in enumerate(strategies):
         kinds = STRATEGIES.get(strategy.name).scenario_kinds
         for j, scenario in enumerate(scenarios):
