@@ -4,8 +4,12 @@ An evaluator is called after each training step ``i`` and returns row ``i`` of e
 (:class:`~clbench.protocol.Scores`, part of the evaluator contract); its :class:`~clbench.metrics.MetricSpec` s tell
 the runner, the leaderboard and the plots what the matrices mean.
 
-- :class:`AccuracyEvaluator` (classification; class-, task- and domain-incremental): ``accuracy``.
-- :class:`RankingEvaluator` (next-item recommendation): ``ndcg@k`` and ``hit@k`` over the full item catalogue.
+- :class:`AccuracyEvaluator` (classification; class-, task- and domain-incremental): ``accuracy``; also the accuracy
+  on the data a step has just trained on (:meth:`AccuracyEvaluator.train_accuracy`, for
+  :mod:`clbench.adequacy`).
+- :class:`RankingEvaluator` (next-item recommendation): ``ndcg@k`` and ``hit@k`` over the full item catalogue. It
+  does not score training data: a recommendation model's training targets are the next items of the same histories,
+  and their ranking is not a "did it learn" measure comparable to chance, so adequacy records no accuracy there.
 """
 
 from __future__ import annotations
@@ -69,6 +73,35 @@ class AccuracyEvaluator:
             accuracies.append(correct / total)
             sizes.append(total)
         return Scores({ACCURACY.name: accuracies}, sizes)
+
+
+    @torch.no_grad()
+    def train_accuracy(self, strategy: StrategyBase, scenario: Scenario, step: int, device: torch.device,
+                       experiences: list[int], sample: int, seed: int) -> tuple[float, int]:
+        """Accuracy on the TRAINING data of ``experiences`` (the ones step ``step`` has just trained on), with the
+        prediction rule of :meth:`__call__` after step ``step``: a fixed subsample of at most ``sample`` items,
+        spread over the experiences in proportion to their sizes, drawn without replacement by a
+        ``torch.Generator`` seeded with ``seed`` (the global random state is not touched), evaluated in the
+        datasets' eval transforms (no augmentation). Returns ``(train_acc, n)``::
+
+            train_acc = (1 / n) * sum over the n sampled (x, y, t) of 1[argmax_{c in allowed} predict(x, t)_c = y]
+        """
+        info: ClassificationInfo = scenario.info
+        stream = list(scenario.train_stream)
+        generator = torch.Generator().manual_seed(seed)
+        sizes = [len(stream[j].dataset) for j in experiences]
+        correct = total = 0
+        for j, size in zip(experiences, sizes):
+            take = min(size, max(1, round(sample * size / sum(sizes))))
+            indices = torch.randperm(size, generator=generator)[:take].sort().values.tolist()
+            allowed = info.class_range(j) if info.task_aware else range(info.n_seen(step))
+            loader = DataLoader(torch.utils.data.Subset(stream[j].dataset.eval(), indices),
+                                batch_size=self.batch_size, shuffle=False)
+            for x, y, t in loader:
+                scores = _scores(strategy, x, t, device, allowed, f"on training experience {j} after step {step}")
+                correct += int((scores.argmax(dim=1).cpu() + allowed.start == y).sum())
+                total += len(y)
+        return correct / total, total
 
 
 class RankingEvaluator:

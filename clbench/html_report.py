@@ -371,7 +371,7 @@ def render(records: list[dict], out_dir: str | Path) -> str:
     """The page for ``records`` (those of ``out_dir``, whose REFERENCE.md is looked for)."""
     out_dir = Path(out_dir)
     records = leaderboard.unique_runs(records)
-    table = leaderboard.build(records)
+    table = leaderboard.build(records, out_dir)
     groups = _rows_of(records)
     images = _figures(records)
     suites = sorted({r["spec"]["suite"] for r in records})

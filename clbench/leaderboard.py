@@ -19,6 +19,9 @@ to the last step; ``train_s``/``peak_mem_MB`` are per run. Extra strategy metric
 columns of their own. Failed runs are counted in ``n_failed`` and left out of the means; the std of one seed is
 undefined (empty in the CSV; the markdown shows the value and "(n=1)", and a legend line says what "±" is).
 ``overrides`` are the suite's ``args`` of the row's strategy.
+``flags`` is the row's training adequacy (:func:`clbench.adequacy.row_flags`: ``not learned`` / ``not converged``,
+with the seeds flagged of those finished, the 0-based steps and the source of the numbers; empty when none), shown
+beside the scores in the markdown when a row has one, with a legend line that says what the flags mean.
 Rows are sorted by suite, scenario and then the primary metric (its ``avg_inc``, or ``last`` where that is undefined,
 e.g. for joint training), best first.
 """
@@ -34,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from clbench import files
+from clbench import adequacy, files
 from clbench import records as record_files
 from clbench.metrics import ACCURACY, SUMMARIES, MetricSpec, primary
 from clbench.specs import identity_callbacks
@@ -161,8 +164,9 @@ def unique_runs(records: list[dict]) -> list[dict]:
     return [r for i, r in enumerate(records) if keys.index(keys[i]) == i]
 
 
-def build(records: list[dict]) -> pd.DataFrame:
-    """The leaderboard table (see the module docstring for rows and columns)."""
+def build(records: list[dict], root: str | Path | None = None) -> pd.DataFrame:
+    """The leaderboard table (see the module docstring for rows and columns); ``root``: the results folder of the
+    records, where the adequacy flags of records written without ``adequacy`` read their committed training logs."""
     records = unique_runs(records)
     if not records:
         return pd.DataFrame(columns=[*KEYS, "n_seeds"])
@@ -184,6 +188,7 @@ def build(records: list[dict]) -> pd.DataFrame:
                 row[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else np.nan
         row["machine"] = "; ".join(sorted(set(ok["machine"]))) if len(ok) else ""
         row["code_fingerprint"] = "; ".join(sorted(set(group["code_fingerprint"]) - {""}))
+        row["flags"] = adequacy.row_flags([records[i] for i in group.index], root)
         spec = primaries[group.index[0]]
         row["primary_metric"] = spec.name
         rows.append(row)
@@ -224,24 +229,33 @@ LEGEND = ("Scores: mean ± std, the sample standard deviation over the row's n s
 """The line under every markdown leaderboard that says what its cells are."""
 
 
+def flagged(table: pd.DataFrame) -> bool:
+    """Whether a row of ``table`` has an adequacy flag (then the markdown tables show the ``flags`` column)."""
+    return "flags" in table and bool(table["flags"].fillna("").astype(str).str.len().gt(0).any())
+
+
 def to_markdown(table: pd.DataFrame, title: str = "") -> str:
-    """A compact markdown table: labels and overrides, mean ± std (:func:`mean_pm`) for the scores, then costs,
-    followed by :data:`LEGEND` and the machines. Scores get :func:`score_decimals` of their unit, the extra
-    columns 2."""
+    """A compact markdown table: labels and overrides, mean ± std (:func:`mean_pm`) for the scores, the adequacy
+    ``flags`` (where a row has one: :func:`flagged`), then costs, followed by :data:`LEGEND`,
+    :data:`clbench.adequacy.FLAGS_LEGEND` (with the flags) and the machines. Scores get :func:`score_decimals` of
+    their unit, the extra columns 2."""
     shown = [*(table.attrs.get("primary_columns") or score_columns(ACCURACY)),
              *(c for c in MARKDOWN_EXTRA if c in table and table[c].notna().any())]
     units = table.attrs.get("units", {})
     decimals = {m: score_decimals(units.get(m, "%")) for m in shown}
-    header = ["suite", "scenario", "strategy", "preset", "overrides", "seeds", *shown, *MARKDOWN_COST]
+    flags = flagged(table)
+    header = ["suite", "scenario", "strategy", "preset", "overrides", "seeds", *shown, *(["flags"] if flags else []),
+              *MARKDOWN_COST]
     lines = [f"# {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, r in table.iterrows():
         seeds = f"{r['n_seeds']}" + (f" ({r['n_failed']} failed)" if r["n_failed"] else "")
         cost = ["–" if pd.isna(r[c]) else fmt.format(r[c]) for c, fmt in MARKDOWN_COST.items()]
         cells = [str(r["suite"]), str(r["scenario"]), str(r["strategy"]), str(r["preset"]), str(r["overrides"]),
-                 seeds, *(mean_pm(r, m, decimals[m]) for m in shown), *cost]
+                 seeds, *(mean_pm(r, m, decimals[m]) for m in shown), *([r["flags"]] if flags else []), *cost]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     lines += ["", LEGEND] if len(table) else []
+    lines += ["", adequacy.FLAGS_LEGEND] if flags else []
     machines = sorted({m for row in table.get("machine", []) for m in str(row).split("; ") if m})
     if machines:
         lines += ["", "Machine: " + "; ".join(machines)]
@@ -252,7 +266,7 @@ def write(out_dir: str | Path, records: list[dict] | None = None) -> pd.DataFram
     """Rebuild ``leaderboard.csv`` and ``leaderboard.md`` in ``out_dir`` from ``records`` (default: its
     :func:`load_records`); returns the table."""
     out_dir = Path(out_dir)
-    table = build(load_records(out_dir) if records is None else records)
+    table = build(load_records(out_dir) if records is None else records, out_dir)
     files.write_atomic(out_dir / "leaderboard.csv", table.to_csv(index=False, float_format="%.4f"))
     suites = ", ".join(sorted(set(table["suite"]))) if len(table) else ""
     files.write_atomic(out_dir / "leaderboard.md", to_markdown(table, f"Leaderboard: {suites}"))

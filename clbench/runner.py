@@ -11,6 +11,7 @@
         callbacks.on_experience_start(i); strategy.train(experience); callbacks.on_experience_end(i)
         scores = scenario.evaluator(strategy, scenario, i, device)     # row i of every matrix, same for all
         callbacks.on_evaluation(Evaluation.after(i, matrices, ...))       # loggers: scores per experience
+        record.adequacy.append(adequacy.measure(strategy, scenario, i, ...))  # accuracy on the data just trained, loss
     callbacks.close(); metrics = ...; callbacks.on_run_end(metrics)   # the run's summary to every logger
     record = RunRecord(..., matrices={metric: R}, metrics=metrics.summarize(matrices, sizes, evaluator.specs))
 
@@ -37,14 +38,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from clbench import files, metrics, progress
+from clbench import adequacy, files, metrics, progress
 from clbench import records as record_files
 from clbench.callbacks import CallbackContext, CallbackSpec, Evaluation
 from clbench.config import config_hash, with_scenario_paths
 from clbench.data import DatasetNotFound
 from clbench.environment import PeakMemory, environment, resolve_device
 from clbench.errors import NonFiniteLossError, OutputError
-from clbench.loggers import ALWAYS_ON
+from clbench.loggers import ALWAYS_ON, TrainingLog
 from clbench.precision import autocast
 from clbench.protocol import (
     ParamCount,
@@ -88,6 +89,7 @@ class RunRecord:
     reason: str | None = None
     state_dir: str | None = None                # relative to the results folder (absolute in older records)
     checkpoints: dict[str, str] = field(default_factory=dict)     # config field -> content hash of the file read
+    adequacy: list[dict] = field(default_factory=list)            # per step: clbench.adequacy.StepAdequacy
     version: int = RECORD_VERSION
 
     def to_json(self) -> str:
@@ -213,6 +215,8 @@ def _execute(spec: RunSpec, config: Any, device: torch.device, record: RunRecord
                 record.matrices.setdefault(name, []).append(row)
             record.test_sizes = scores.sizes
             callbacks.on_evaluation(Evaluation.after(i, record.matrices, scores.sizes, evaluator.specs, offline))
+            record.adequacy.append(adequacy.measure(strategy, scenario, i, offline, device, spec.seed,
+                                                    callbacks.find(TrainingLog).rows).to_dict())
     callbacks.close()
     record.accuracy_matrix = record.matrices.get(metrics.ACCURACY.name, [])
     summary = metrics.summarize(record.matrices, record.test_sizes, evaluator.specs, offline=offline)

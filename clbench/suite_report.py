@@ -9,7 +9,8 @@ Sections, in order:
    (:func:`clbench.metrics.summarize_matrix` signs it so), which is lower-is-better for every metric), and a table
    ranking the continual strategies by ``avg_inc`` with their ``last``, the gap ``last(joint) - last(strategy)``
    to the joint upper bound (an offline row: trained on everything at once, one row in its matrix; without one in
-   the suite the column is left out) and their rank by forgetting;
+   the suite the column is left out), their rank by forgetting and, where a row has one, their adequacy ``flags``
+   (:mod:`clbench.adequacy`; a best row that is flagged says so beside its number);
 3. the plots: each scenario's score curves inline, its score-matrix heatmaps and parameter curve as links;
 4. the leaderboard (:func:`clbench.leaderboard.to_markdown`);
 5. failed runs with their reasons;
@@ -49,6 +50,11 @@ def _best(rows: pd.DataFrame, column: str, sign: int) -> pd.DataFrame:
     return rows[np.isclose(values, best, rtol=0, atol=1e-9)]
 
 
+def _flagged(row: pd.Series) -> str:
+    """`` [flags]`` after a number whose row is flagged (:mod:`clbench.adequacy`), else ``""``."""
+    return f" [{row['flags']}]" if isinstance(row.get("flags"), str) and row["flags"] else ""
+
+
 def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> list[str]:
     col = {summary: spec.column(summary) for summary in SUMMARIES}
     sign = 1 if spec.higher_is_better else -1
@@ -64,13 +70,14 @@ def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> li
         direction = DIRECTION[summary] * (1 if summary in ABSOLUTE else sign)
         best = _best(pool, col[summary], direction)
         if len(best):
-            names = ", ".join(f"`{s}`" for s in best["strategy"])
+            names = ", ".join(f"`{r['strategy']}`{_flagged(r)}" for _, r in best.iterrows())
             lines.append(f"- best `{col[summary]}` ({'lowest' if direction < 0 else 'highest'}): "
                          f"{names} with {_pm(best.iloc[0], col[summary])}")
     joint = _best(offline, col["last"], sign)
     if len(joint):
         upper = joint.iloc[0]
-        lines.append(f"- joint upper bound: `{upper['strategy']}`, `{col['last']}` {_pm(upper, col['last'])}")
+        lines.append(f"- joint upper bound: `{upper['strategy']}`, `{col['last']}` {_pm(upper, col['last'])}"
+                     f"{_flagged(upper)}")
     else:
         lines.append("- no offline (joint) row in this suite: no upper bound to compare with")
     if not len(continual):
@@ -78,21 +85,24 @@ def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> li
     forgetting = pd.to_numeric(continual[col["forgetting"]], errors="coerce")
     forget_rank = forgetting.rank(method="min")            # NaN where undefined (a single experience)
     shown = forgetting.notna().any()
+    flags = leaderboard.flagged(continual)
     header = ["rank", "strategy", "seeds", col["avg_inc"], col["last"],
               *([f"gap to joint ({col['last']})"] if len(joint) else []),
-              *([col["forgetting"], "forgetting rank"] if shown else [])]
+              *([col["forgetting"], "forgetting rank"] if shown else []), *(["flags"] if flags else [])]
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for k, (index, row) in enumerate(continual.iterrows(), start=1):      # leaderboard order: best avg_inc first
         gap = [] if not len(joint) else \
             ["–" if pd.isna(row[col["last"]]) else f"{sign * (upper[col['last']] - row[col['last']]):.{d}f}"]
         forget = [_pm(row, col["forgetting"]), "–" if pd.isna(forget_rank[index]) else f"{forget_rank[index]:.0f}"]
         cells = [str(k), f"`{row['strategy']}`", str(row["n_seeds"]), _pm(row, col["avg_inc"]),
-                 _pm(row, col["last"]), *gap, *(forget if shown else [])]
+                 _pm(row, col["last"]), *gap, *(forget if shown else []), *([row["flags"]] if flags else [])]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines.append("")
     notes = ([f"Gap to joint: `{col['last']}` of `{upper['strategy']}` minus the strategy's (positive: below the "
               "upper bound)."] if len(joint) else []) + (["Forgetting rank 1 = least forgetting."] if shown else
-                                                          ["Forgetting is undefined here (a single experience)."])
+                                                          ["Forgetting is undefined here (a single experience)."]
+                                                          ) + (["Flags: see the legend under the leaderboard."] if flags
+                                                               else [])
     lines += [" ".join(notes), ""]
     return lines
 
@@ -157,7 +167,7 @@ def _provenance(records: list[dict]) -> list[str]:
 def render(records: list[dict], plots: Sequence[Path], out_dir: str | Path) -> str:
     """The markdown of ``report.md`` for ``records`` and the ``plots`` written under ``out_dir``."""
     out_dir = Path(out_dir)
-    table = leaderboard.build(records)
+    table = leaderboard.build(records, out_dir)
     finished = [r for r in records if r["status"] == "finished"]
     suites = sorted({r["spec"]["suite"] for r in records})
     times = sorted(t for r in records for t in (r.get("started"), r.get("finished")) if t)

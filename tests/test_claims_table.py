@@ -99,3 +99,43 @@ def test_every_statistic_with_an_interval_is_one_the_records_give():
         for mean, half in re.findall(r"([+\-−]?\d+(?:\.\d+)?%?) ± (\d+(?:\.\d+)?)", row["statistic"]):
             statistic = f"{mean.replace('−', '-')} ± {half}"
             assert statistic in generated, f"{statistic} is in no generated table: {row['paper']}: {row['claim']}"
+
+
+def unmarked_citations(reference: str, claims: list[dict[str, str]]) -> list[str]:
+    """``"<paper>: <statistic> (<flags>)"`` for each paired statistic a claims row cites whose generated line is
+    marked ``(flagged: <row> <flags>)`` (clbench/analysis/reference_tables.py) while the row's verdict and statistic
+    cells do not name each flag kind ("not learned", "not converged")."""
+    from clbench.analysis.reference_tables import BLOCK, FLAGGED
+
+    paired_lines = [line.replace("−", "-") for m in BLOCK.finditer(reference) if "table=paired" in m.group("options")
+                    for line in m.group("body").splitlines() if FLAGGED in line]
+    missing = []
+    for row in claims:
+        said = f"{row['verdict here']} {row['statistic']}"
+        for mean, half in re.findall(r"([+\-−]?\d+(?:\.\d+)?%?) ± (\d+(?:\.\d+)?)", row["statistic"]):
+            statistic = f"{mean.replace('−', '-')} ± {half}"
+            for line in paired_lines:
+                if f"| {statistic} |" not in line and f"| {statistic}" not in line.split(" | ", 4)[-1]:
+                    continue
+                marks = line.split(FLAGGED, 1)[1]
+                kinds = [k for k in ("not learned", "not converged") if k in marks]
+                if not all(k in said for k in kinds):
+                    missing.append(f"{row['paper']}: {statistic} ({', '.join(kinds)})")
+    return missing
+
+
+def test_no_claim_reads_a_comparison_with_a_flagged_row_as_evidence():
+    """A claims row citing a paired statistic one of whose rows did not learn or had not converged (marked in the
+    generated table) must say so in its verdict or statistic cell."""
+    missing = unmarked_citations((ROOT / "results" / "REFERENCE.md").read_text(), rows())
+    assert not missing, f"claims that cite a flagged comparison without saying so: {missing}"
+
+
+def test_the_flag_check_catches_an_unmarked_citation():
+    reference = ("<!-- generated: suite=s table=paired pairs=a:b -->\n| scenario | A − B | metric | seeds | "
+                 "mean ± 95% half-width | verdict |\n|---|---|---|---|---|---|\n| sc | a − b | last_acc | 3 | "
+                 "+12.96 ± 1.37 | A > B (flagged: b not learned) |\n<!-- end generated -->\n")
+    claim = {"paper": "DyTox", "verdict here": "reproduced", "statistic": "last_acc a − b +12.96 ± 1.37"}
+    assert unmarked_citations(reference, [claim]) == ["DyTox: +12.96 ± 1.37 (not learned)"]
+    marked = {**claim, "verdict here": "no evidence: b not learned"}
+    assert unmarked_citations(reference, [marked]) == []

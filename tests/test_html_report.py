@@ -159,7 +159,7 @@ def test_machine_and_code_and_flags_where_the_table_has_them(tmp_path, monkeypat
     (training adequacy) is shown beside the row's numbers, and no flags column without one."""
     build = leaderboard.build
 
-    def flagged(records):
+    def flagged(records, root=None):
         table = build(records)
         table["flags"] = ["", "did not learn"] + [""] * (len(table) - 2)
         return table

@@ -105,7 +105,7 @@ LAYERS = (
               "clbench.evaluation", "clbench.streams", "clbench.specs", "clbench.fingerprint", "clbench.training",
               "clbench.pretraining", "clbench.environment", "clbench.records", "clbench.progress",
               "clbench.artifacts", "clbench.loggers", "clbench.workers", "clbench.tasks", "clbench.leaderboard",
-              "clbench.report", "clbench.suite_report", "clbench.precision", "clbench.optional")),
+              "clbench.report", "clbench.suite_report", "clbench.precision", "clbench.optional", "clbench.adequacy")),
     ("privacy", ("clbench.privacy",)),
     ("parts", ("clbench.cl", "clbench.models", "clbench.data")),
     ("methods", ("clbench.petl", "clbench.tangent", "clbench.analysis")),

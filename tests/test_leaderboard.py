@@ -300,7 +300,7 @@ def test_columns_in_order_and_a_fresh_index():
         "suite", "scenario", "strategy", "n_seeds", "n_failed", "preset", "overrides",
         "avg_inc_acc", "avg_inc_acc_std", "last_acc", "last_acc_std", "forgetting", "forgetting_std", "bwt", "bwt_std",
         "params_M", "params_added_M", "trainable_params_M", "train_s", "eval_s", "peak_mem_MB", "epsilon",
-        "epsilon_std", "machine", "code_fingerprint", "primary_metric"]
+        "epsilon_std", "machine", "code_fingerprint", "flags", "primary_metric"]
 
 
 def test_callbacks_and_a_missing_code_fingerprint_are_part_of_the_identity():

@@ -13,7 +13,10 @@ The opening marker names the records (``suite``: the folder ``<root>/<suite>/run
   it; ``scenario=<label>`` keeps one scenario.
 - ``paired``: :func:`clbench.analysis.paired.paired` for ``pairs=A:B,C:D`` (strategy labels) on ``metric=<name>``
   (default ``last_acc``): per pair and scenario, the seeds, ``d̄ ± t·sd/√n`` (with the metric's decimals) and
-  the verdict; with ``relative=yes`` also ``r̄ ± half-width`` of ``r_s = d_s / m(B, s)`` in percent.
+  the verdict; with ``relative=yes`` also ``r̄ ± half-width`` of ``r_s = d_s / m(B, s)`` in percent. A pair
+  one of whose rows is flagged by :mod:`clbench.adequacy` (``not learned``, ``not converged``) has its verdict
+  marked ``(flagged: <row> <flag>; ...)``: not evidence (tests/test_claims_table.py fails on a claim that cites it
+  without saying so).
 - ``diag``: per scenario and row, ``diag = mean_i R[i, i]`` (accuracy on each step just after training it;
   mean ± sample std over seeds) beside ``last_acc``, and ``R[i, i]`` step by step: how well each step is learned,
   and whether a row learned its new classes at all.
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clbench import leaderboard
+from clbench import adequacy, leaderboard
 from clbench import records as record_files
 from clbench.analysis.paired import Paired, paired, row_label, scenario_label
 from clbench.metrics import SUMMARIES
@@ -64,8 +67,13 @@ def _records(root: Path, suite: str, scenario: str | None = None) -> list[dict]:
     return [r for r in found if scenario is None or scenario_label(r) == scenario]
 
 
+def _suite_root(options: dict[str, str]) -> str | None:
+    """The folder of the block's records (``<root>/<suite>``: committed training logs for the adequacy flags)."""
+    return str(Path(options["root"]) / options["suite"]) if "root" in options else None
+
+
 def leaderboard_table(records: list[dict], options: dict[str, str]) -> str:
-    return leaderboard.to_markdown(leaderboard.build(records))
+    return leaderboard.to_markdown(leaderboard.build(records, _suite_root(options)))
 
 
 def _decimals(records: list[dict], metric: str) -> int:
@@ -74,6 +82,23 @@ def _decimals(records: list[dict], metric: str) -> int:
     units = {spec.column(summary): spec.unit for r in records for spec in leaderboard.metric_specs(r)
              for summary in SUMMARIES}
     return leaderboard.score_decimals(units.get(metric, "%"))
+
+
+FLAGGED = "flagged:"
+"""What a paired verdict says before the flags of its rows (:func:`paired_mark`)."""
+
+
+def paired_mark(records: list[dict], scenario: str, rows: tuple[str, ...], root: str | None) -> str:
+    """`` (flagged: <row> <flags>; ...)`` for the rows of a pair on ``scenario`` that :mod:`clbench.adequacy`
+    flags (their flag kinds, without counts), else ``""``."""
+    marks = []
+    for row in rows:
+        members = [r for r in records if scenario_label(r) == scenario and row_label(r) == row]
+        kinds = dict.fromkeys(f.kind for r in members if r["status"] == "finished"
+                               for f in adequacy.record_flags(r, root))
+        if kinds:
+            marks.append(f"{row} {', '.join(kinds)}")
+    return f" ({FLAGGED} {'; '.join(marks)})" if marks else ""
 
 
 def paired_table(records: list[dict], options: dict[str, str]) -> str:
@@ -92,7 +117,7 @@ def paired_table(records: list[dict], options: dict[str, str]) -> str:
             cells = [p.scenario, f"{a} − {b}", metric, str(len(p.seeds)),
                      f"{p.mean:+.{digits}f} ± {p.half_width:.{digits}f}",
                      *([f"{100 * p.relative_mean:+.1f}% ± {100 * p.relative_half_width:.1f}"] if relative else []),
-                     p.verdict]
+                     p.verdict + paired_mark(records, p.scenario, (a, b), _suite_root(options))]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
