@@ -9,7 +9,7 @@ import torch
 import tests._fakes  # noqa: F401  (registers test_increasing_logits)
 from clbench import adequacy, api, leaderboard, suite_report
 from clbench.analysis import reference_tables
-from clbench.registry import SCENARIOS
+from clbench.registry import SCENARIOS, STRATEGIES
 
 
 def test_a_tiny_runs_adequacy_by_hand():
@@ -56,7 +56,6 @@ def test_loss_drop_and_main_call_by_hand():
 def test_measuring_leaves_the_global_random_state_as_it_was():
     """Scoring the training data draws data-loader seeds; the next step must train as if it had not run."""
     scenario = SCENARIOS.get("synthetic")(seed=0)
-    from clbench.registry import STRATEGIES
     strategy = STRATEGIES.get("test_increasing_logits")(scenario.info, torch.device("cpu"), tests._fakes.FakeConfig())
     torch.manual_seed(7)
     adequacy.measure(strategy, scenario, 1, False, torch.device("cpu"), 0, [])
