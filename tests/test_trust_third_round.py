@@ -322,7 +322,7 @@ def test_a_read_only_artifacts_folder_is_one_line_before_the_first_run(tiny_suit
     monkeypatch.setattr(Path, "write_text", read_only)
     assert _run(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
     _one_error_line(capsys, "cannot be written to", "Read-only file system", "artifacts")
-    assert not list((tmp_path / "out" / "runs").glob("*.json"))
+    assert not list((tmp_path / "out").rglob("*.json"))
 
 
 def test_wandb_online_without_a_login_is_one_line_before_the_first_run(tmp_path, monkeypatch):
