@@ -9,6 +9,7 @@ not installed or fails at import. :func:`install` (done by ``import clbench``) p
 succeeds with a stand-in module, the cause is kept (:func:`failure`), and calling any of the stand-in's names
 (``wandb.init(...)``, ``SummaryWriter(...)``) raises ``ImportError`` with that cause. Only the callbacks that need
 the package (``wandb``, ``tensorboard``) then refuse, in the pre-flight (:mod:`clbench.preflight`), with one line.
+So ``importlib.util.find_spec("wandb")`` finds a spec even when wandb is not installed: ask :func:`failure`.
 """
 
 from __future__ import annotations
