@@ -12,10 +12,13 @@ Where the modules come from (:func:`sources`), nothing to edit by hand:
 
 Modules are imported lazily. Which module registers which name is known without importing it: for shipped
 modules from the committed index ``plugin_index.json`` (:func:`build_index`, ``make lists``; an entry counts only
-while its file's sha256 matches), otherwise from the module's syntax tree (:func:`scan`: literal
+while its file's sha256 matches), for installed packages from the index cached per distribution and version
+(:func:`cache_file`: ``<user cache>/clbench/plugin_index/<distribution>-<version>.json``, written the first time
+one of its modules is imported, with what it registered; an entry counts only while the module's sha256 matches, and
+another version is another file), otherwise from the module's syntax tree (:func:`scan`: literal
 ``X.register("name")`` calls; a module that registers a computed name is imported when the full list of names is
 needed). ``get(name)`` imports the one module that declares ``name``; ``clbench --help`` and ``clbench list``
-import none of the shipped ones.
+import none of the shipped ones, nor an installed package's once its index is cached.
 
 A plugin module that fails to import (a missing optional dependency, a class that breaks the contract) is skipped
 whole — whatever it registered before failing is taken back — and its cause is kept in :data:`UNAVAILABLE`:
@@ -247,6 +250,9 @@ class Source:
     origin: str
     declared: dict[str, dict[str, str]] = field(default_factory=dict)
     dynamic: set[str] = field(default_factory=set)
+    cache: Path | None = None       # an installed module's cached index (:func:`cache_file`), written on import
+    sha256: str = ""                # of its file (installed modules)
+    cached: bool = False            # what it declares was read from its cache
 
     @property
     def imported(self) -> bool:
@@ -256,6 +262,9 @@ class Source:
         loaded = import_plugin(self.module)
         if not loaded and self.origin != "shipped":
             UNAVAILABLE[self.module] += f" (from the {self.origin})"
+        for source in (_sources or ()) if loaded else ():     # this one and installed ones it imported
+            if source.cache is not None and not source.cached and source.module in sys.modules:
+                _save_cache(source)
         return loaded
 
 
@@ -325,9 +334,52 @@ def _entry_point_sources() -> list[Source]:
             continue
         origin = getattr(spec, "origin", None)
         path = Path(origin) if origin and origin.endswith(".py") else None
-        declared, dynamic = scan(path.read_bytes()) if path else ({}, set(KINDS))
-        found.append(Source(ep.module, path, f"entry point {ep.name!r} of {dist}", declared, dynamic))
+        data = path.read_bytes() if path else b""
+        sha256 = hashlib.sha256(data).hexdigest() if path else ""
+        cache = cache_file(ep.dist.name, ep.dist.version) if ep.dist and path else None
+        known = _read_cache(cache).get(ep.module) if cache else None
+        cached = known is not None and known.get("sha256") == sha256
+        declared, dynamic = (known["entries"], set()) if cached else scan(data) if path else ({}, set(KINDS))
+        found.append(Source(ep.module, path, f"entry point {ep.name!r} of {dist}", declared, dynamic, cache, sha256,
+                            cached))
     return found
+
+
+def cache_file(distribution: str, version: str) -> Path:
+    """Where the index of an installed distribution's plugin modules is cached: ``$CLBENCH_CACHE`` (else
+    ``$XDG_CACHE_HOME/clbench``, else ``~/.cache/clbench``) ``/plugin_index/<distribution>-<version>.json``, as
+    :data:`INDEX_FILE` (``{"modules": {module: {"sha256", "entries": {kind: {name: summary}}}}}``)."""
+    root = os.environ.get("CLBENCH_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                                                   "clbench")
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in f"{distribution}-{version}")
+    return Path(root, "plugin_index", f"{safe}.json")
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())["modules"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _save_cache(source: Source) -> None:
+    """Add ``source``'s entry (the names its imported module registered, with their summaries) to its
+    distribution's cached index, written atomically; a cache that cannot be written is skipped (the next start scans
+    the module again)."""
+    path = source.cache
+    entries = {r.kind: {name: r.describe_entry(r._entries[name]) for name, origin in sorted(r.origins.items())
+                        if origin == source.module} for r in _tracked}
+    modules = {**_read_cache(path), source.module: {"sha256": source.sha256,
+                                                    "entries": {k: v for k, v in entries.items() if v}}}
+    source.cached = True
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"modules": modules}, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        log.info("the plugin index cache %s is not written: %s", path, exc)
 
 
 def scan(source: bytes) -> tuple[dict[str, dict[str, str]], set[str]]:
@@ -406,6 +458,6 @@ def write_index(path: Path = INDEX_FILE) -> None:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV", "FAILED_NAMES", "INDEX_FILE", "KINDS", "UNAVAILABLE", "VARIABLES",
-           "PluginError", "Source", "build_index", "declared", "failure", "holder", "import_plugin", "load_declaring",
-           "load_dynamic", "load_plugin", "load_plugins", "module_declaring", "registering", "scan",
+           "PluginError", "Source", "build_index", "cache_file", "declared", "failure", "holder", "import_plugin",
+           "load_declaring", "load_dynamic", "load_plugin", "load_plugins", "module_declaring", "registering", "scan",
            "shipped_modules", "sources", "track", "write_index"]

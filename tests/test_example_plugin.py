@@ -4,6 +4,7 @@ and from another folder `python -m clbench list` shows its strategy and scenario
 ranks the plugin's strategy in the leaderboard. The plugin's modules are found through its entry points only."""
 
 import csv
+import json
 import shutil
 import subprocess
 import sys
@@ -32,10 +33,49 @@ def venv(tmp_path_factory):
     return python, base
 
 
+ENV = {"PATH": "/usr/bin:/bin", "OMP_WAIT_POLICY": "PASSIVE", "CLBENCH_JOBS": "1"}
+
+
 def _clbench(venv, *args: str) -> subprocess.CompletedProcess:
     python, base = venv
     return subprocess.run([str(python), "-m", "clbench", *args], cwd=base, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "OMP_WAIT_POLICY": "PASSIVE", "CLBENCH_JOBS": "1"})
+                          env={**ENV, "XDG_CACHE_HOME": str(base / "cache")})
+
+
+LIST_IMPORTS = ("import contextlib, sys\nfrom clbench.cli import main\nwith contextlib.suppress(SystemExit):\n"
+                "    main(['list'])\nprint(sorted(m for m in sys.modules if m.split('.')[0] in "
+                "('torch', 'avalanche', 'numpy', 'clbench_example_plugin')))")
+
+
+def test_list_reads_an_installed_plugin_from_its_cached_index_and_imports_nothing_heavy(venv):
+    """The first ``list`` imports the plugin's modules (its strategy's summary names its presets) and caches what
+    they register per distribution and version; the next one imports neither them nor torch. Editing the installed
+    module (same version) invalidates its entry: it is imported again."""
+    python, base = venv
+    index = base / "cache" / "clbench" / "plugin_index"
+    shutil.rmtree(index, ignore_errors=True)
+    lines = []
+    for _ in range(2):
+        done = subprocess.run([str(python), "-c", LIST_IMPORTS], cwd=base, capture_output=True, text=True,
+                              env={**ENV, "XDG_CACHE_HOME": str(base / "cache")})
+        assert done.returncode == 0, done.stderr
+        lines.append(done.stdout.splitlines())
+    described = [[line for line in run if "nearest_mean" in line] for run in lines]
+    assert described[0] == described[1] and "example plugin" in described[1][0] and "presets: cpu, full" in \
+        described[1][0]
+    assert "clbench_example_plugin.strategy" in lines[0][-1]
+    assert lines[1][-1] == "['clbench_example_plugin']"         # the package's docstring-only __init__ (find_spec)
+    (cache,) = index.glob("clbench?example?plugin-0.1.0.json")         # one file per distribution and version
+    # the module that was imported; the scenario's summary is its docstring, read from its code without importing it
+    assert json.loads(cache.read_text())["modules"]["clbench_example_plugin.strategy"]["entries"] == {
+        "strategy": {"nearest_mean": described[1][0].split(None, 1)[1]}}
+    module = Path(subprocess.run([str(python), "-c", "import importlib.util as u; "
+                                  "print(u.find_spec('clbench_example_plugin.strategy').origin)"],
+                                 capture_output=True, text=True, env=ENV).stdout.strip())
+    module.write_text(module.read_text() + "\n# edited in place\n")
+    again = subprocess.run([str(python), "-c", LIST_IMPORTS], cwd=base, capture_output=True, text=True,
+                           env={**ENV, "XDG_CACHE_HOME": str(base / "cache")})
+    assert "clbench_example_plugin.strategy" in again.stdout.splitlines()[-1]
 
 
 def test_installed_plugin_is_listed_and_runs_in_a_suite(venv):
