@@ -37,7 +37,7 @@ from clbench.models.classifier import HEADS, build_classifier
 from clbench.precision import in_float32
 from clbench.protocol import ClassificationInfo, ParamCount, StrategyBase
 from clbench.registry import MODELS, STRATEGIES
-from clbench.training import OPTIMIZERS
+from clbench.training import OPTIMIZERS, Schedule, build_optimizer
 from clbench.typecheck import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, RangeChecked, only_with, setting
 
 SGD_ONLY = only_with("optimizer", "sgd")
@@ -107,8 +107,9 @@ class AvalancheStrategy(StrategyBase):
         self.model = build_classifier(info, config.model, config.model_args, head=head)
         if config.init:
             load_weights(self.model.feature_extractor, config.init)
-        optimizer = OPTIMIZERS.get(config.optimizer)(self.model.parameters(), lr=config.lr,
-                                                     weight_decay=config.weight_decay, momentum=config.momentum)
+        # a constant rate: Avalanche's template keeps the optimizer's rate for the whole run
+        optimizer = build_optimizer(config.optimizer, self.model.parameters(), Schedule(config.lr),
+                                    config.weight_decay, config.momentum)
         common = dict(optimizer=optimizer, train_mb_size=config.batch_size, train_epochs=config.epochs,
                       eval_mb_size=config.eval_batch_size, device=self.device, plugins=[_EpochProgress(config.epochs)],
                       evaluator=EvaluationPlugin(loggers=[]))
