@@ -34,6 +34,7 @@ run's artifacts folder ``<out>/artifacts/<run_id>/`` (:attr:`CallbackContext.art
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -43,7 +44,6 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
-from avalanche.training.plugins import SupervisedPlugin
 from torch import Tensor, nn
 
 from clbench.errors import NonFiniteLossError
@@ -264,10 +264,14 @@ class CallbackList(Callback):
         return {k: v for c in self.callbacks for k, v in c.extra_metrics().items()}
 
 
-class CallbackPlugin(SupervisedPlugin):
+class CallbackBridge:
     """Bridges a :class:`CallbackList` into an Avalanche ``SupervisedTemplate``. Append it LAST to the template's
     plugins (:func:`bridge`) so that ``after_forward`` sees the loss with every plugin's term added (EWC, LwF, ...)
-    and ``after_backward`` the gradients after every plugin's change (GEM's projection, ...)."""
+    and ``after_backward`` the gradients after every plugin's change (GEM's projection, ...).
+
+    The plugin itself is ``CallbackPlugin``: this class with Avalanche's ``SupervisedPlugin`` (its no-op hooks),
+    made when first asked for (:func:`bridge`, ``from clbench.callbacks import CallbackPlugin``), so that a run whose
+    strategy uses no template never imports ``avalanche.training`` (seconds and over a GB)."""
 
     def __init__(self, callbacks: CallbackList) -> None:
         super().__init__()
@@ -325,9 +329,24 @@ def planned_loader(template: Any, plan: BatchPlan) -> torch.utils.data.DataLoade
                                        collate_fn=getattr(dataset, "collate_fn", None))
 
 
+@functools.cache
+def _plugin_class() -> type:
+    from avalanche.training.plugins import SupervisedPlugin
+
+    return type("CallbackPlugin", (CallbackBridge, SupervisedPlugin),
+                {"__module__": __name__, "__doc__": CallbackBridge.__doc__})
+
+
+def __getattr__(name: str) -> Any:
+    """``CallbackPlugin`` (:class:`CallbackBridge` with Avalanche's ``SupervisedPlugin``), made on first use."""
+    if name == "CallbackPlugin":
+        return _plugin_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def bridge(template: Any, callbacks: CallbackList) -> None:
     """Make ``template`` (an Avalanche ``SupervisedTemplate``) fire ``callbacks``: appended after its own plugins."""
-    template.plugins.append(CallbackPlugin(callbacks))
+    template.plugins.append(_plugin_class()(callbacks))
 
 
 @CALLBACKS.register("hook_trace")
@@ -383,5 +402,5 @@ class HookTrace(Callback):
             self._write("after_step")
 
 
-__all__ = ["CALLBACKS", "BatchPlan", "Callback", "CallbackContext", "CallbackList", "CallbackPlugin", "CallbackSpec",
+__all__ = ["CALLBACKS", "BatchPlan", "Callback", "CallbackBridge", "CallbackContext", "CallbackList", "CallbackSpec",
            "Evaluation", "HookTrace", "bridge", "planned_loader"]

@@ -1,0 +1,50 @@
+"""What a process imports before it trains, checked without timing it (the times and memory are measured by
+``benchmarks/startup.py``): a strategy that uses no Avalanche template does not import ``avalanche.training``
+(seconds and over a GB), the callbacks bridge into templates only when one asks for it, and a run of the sequence
+model on MovieLens imports no Avalanche at all. (A classification scenario builds an Avalanche benchmark, and
+``avalanche.benchmarks`` imports ``avalanche.training`` itself.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+REPORT = "print(sorted({m.split('.')[0] + ('.training' if m.startswith('avalanche.training') else '') " \
+         "for m in sys.modules if m.startswith(('avalanche', 'torch'))}))"
+
+
+def _imported(code: str) -> list[str]:
+    """The top-level packages (``avalanche.training`` apart) that ``code`` leaves imported in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", f"import sys\n{code}\n{REPORT}"], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return eval(done.stdout.splitlines()[-1])  # noqa: S307 - our own print of a list of strings
+
+
+def test_strategies_without_a_template_import_no_avalanche_training():
+    """The runner with TAFT's or the sequence model's strategy: torch, no ``avalanche.training``; naive (a template)
+    does import it, so the check can tell."""
+    for name in ("taft", "seqrec", "nlft"):
+        imported = _imported(f"import clbench.runner\nfrom clbench.registry import STRATEGIES\n"
+                             f"STRATEGIES.get({name!r})")
+        assert "torch" in imported and "avalanche.training" not in imported, name
+    assert "avalanche.training" in _imported("from clbench.registry import STRATEGIES\nSTRATEGIES.get('naive')")
+
+
+def test_the_callbacks_bridge_imports_avalanche_when_asked_for():
+    """``clbench.callbacks`` alone imports no Avalanche; its ``CallbackPlugin`` is an Avalanche plugin, made once."""
+    assert "avalanche.training" not in _imported("import clbench.callbacks")
+    code = ("from clbench.callbacks import CallbackPlugin, CallbackBridge\nimport clbench.callbacks as c\n"
+            "from avalanche.training.plugins import SupervisedPlugin\n"
+            "assert issubclass(CallbackPlugin, (CallbackBridge, SupervisedPlugin)) and c.CallbackPlugin is "
+            "CallbackPlugin")
+    assert "avalanche.training" in _imported(code)
+
+
+def test_a_sequence_model_run_imports_no_avalanche():
+    """Building the MovieLens scenario's module and the sequence model, as a one-run suite does, imports none."""
+    imported = _imported("import clbench.runner\nfrom clbench.registry import SCENARIOS, STRATEGIES\n"
+                         "STRATEGIES.get('seqrec'); SCENARIOS.get('movielens_seqrec')")
+    assert "avalanche" not in imported and "avalanche.training" not in imported
