@@ -2,6 +2,7 @@
 
 :func:`preflight` (``clbench run`` calls it once the output folder is known) checks
 
+- the file size limit (``ulimit -f``): at least :data:`MIN_FILE_SIZE`;
 - the run ids as file names: each makes ``runs/<run_id>.json`` (through a temporary ``.<run_id>.json.<pid>.tmp``),
   ``artifacts/<run_id>/`` and ``state/<run_id>/``, which must fit the output folder's file name limit;
 - what the suite's callbacks need outside Python (:data:`NEEDS`, by callback name): ``dp`` a working opacus (an
@@ -75,9 +76,29 @@ NEEDS: dict[str, Callable[[list[dict]], None]] = {
 """Callback name -> ``check(args of each entry that uses it)``, raising :class:`ConfigError` when it cannot work."""
 
 
+MIN_FILE_SIZE = 1 << 20
+"""The smallest file size limit (``ulimit -f``) a suite runs under: its largest files besides saved states are the
+plots (330 KB for the quick suite's accuracy plot in results/reference/quick/plots)."""
+
+
+def check_file_size_limit() -> None:
+    """Refuse a file size limit (``RLIMIT_FSIZE``) under :data:`MIN_FILE_SIZE`: every run would train and then fail
+    to write its plots or records (``OSError`` 27, "File too large") after the suite's work is done."""
+    try:
+        import resource
+    except ImportError:         # not on this platform: no such limit
+        return
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY and soft < MIN_FILE_SIZE:
+        raise ConfigError(f"the file size limit of this shell is {soft:,} bytes (ulimit -f), under the "
+                          f"{MIN_FILE_SIZE:,} bytes that clbench's plots and records need (saved states need more): "
+                          f"raise it (ulimit -f unlimited) and run again.")
+
+
 def preflight(specs: Iterable, out: Path) -> None:
     """Check, once, what each of ``specs`` (RunSpecs) would fail on in each run (module docstring)."""
     specs = list(specs)
+    check_file_size_limit()
     check_file_names(out / "runs", [s.run_id for s in specs], "run id", TEMPORARY_SUFFIX)
     uses: dict[str, list[dict]] = {}
     for spec in specs:

@@ -356,3 +356,21 @@ def test_the_lock_file_holds_the_holder_s_pid_while_held(tmp_path):
         """.replace("sys.argv[1]", repr(str(tmp_path))))
         assert f"in use by another clbench run (pid {os.getpid()})" in result.stdout, result
         assert time.monotonic() - started < 60            # refused at once, not waited for
+
+
+def test_a_file_size_limit_too_small_for_the_plots_is_one_line_before_the_first_run(tiny_suite, tmp_path):
+    """``ulimit -f 100``: every run trained, then the plots could not be written (OSError 27) after the work."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    suite, out = tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out"
+    result = subprocess.run([PYTHON, "-c", "import sys, tests._fakes; from clbench.cli import main; "
+                             "sys.exit(main(sys.argv[1:]))", "--suite", str(suite), "--out", str(out), "--quiet",
+                             "--device", "cpu"], cwd=ROOT, preexec_fn=limit, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "CLBENCH_JOBS": "1", "PYTHONPATH": str(ROOT)})
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("suite ")]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "file size limit of this shell is 102,400 bytes (ulimit -f)" in lines[0]
+    assert not (out / "runs").exists() or not list((out / "runs").iterdir())
