@@ -374,3 +374,16 @@ def test_a_file_size_limit_too_small_for_the_plots_is_one_line_before_the_first_
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "file size limit of this shell is 102,400 bytes (ulimit -f)" in lines[0]
     assert not (out / "runs").exists() or not list((out / "runs").iterdir())
+
+
+def test_a_truncated_checkpoint_is_one_line_naming_the_file_before_the_first_run(tiny_suite, tmp_path, capsys):
+    import torch
+
+    from clbench.models.checkpoint import save_weights
+
+    checkpoint = save_weights(torch.nn.Linear(8, 4), tmp_path / "w0.safetensors")
+    checkpoint.write_bytes(checkpoint.read_bytes()[:40])
+    suite = tiny_suite([{"name": "naive", "preset": "cpu", "args": {"init": str(checkpoint)}}])
+    assert _run(suite, tmp_path / "out") == 2
+    _one_error_line(capsys, f"checkpoint file {checkpoint} cannot be read", "cut short")
+    assert not list((tmp_path / "out").rglob("*.json"))

@@ -180,7 +180,8 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def check_checkpoints(specs) -> None:
     """One :class:`ConfigError` line naming the checkpoint files (``init``, with ``{scenario}`` replaced) that the
-    runs would read and that do not exist, before the first run (each run would fail on it otherwise)."""
+    runs would read and that do not exist or cannot be read, before the first run (each run would fail on it
+    otherwise)."""
     from clbench.config import checkpoint_paths, config_dict
 
     missing: dict[str, dict[str, None]] = {}
@@ -194,6 +195,24 @@ def check_checkpoints(specs) -> None:
         raise ConfigError(f"checkpoint file(s) not found: {listed}. Create them with `python run_bench.py pretrain` "
                           f"(the commands are in docs/petl.md and docs/tangent.md) or set init / --init to a local "
                           f"file.")
+    _check_readable(sorted({path for spec in specs for path in checkpoint_paths(config_dict(spec.config()),
+                                                                                 spec.scenario.name).values()}))
+
+
+def _check_readable(paths: list[str]) -> None:
+    """Open each checkpoint file once: a truncated or foreign file is one line naming it, before the first run
+    (each run would fail on it with the reader's error, which does not name the file)."""
+    from clbench.models.checkpoint import read_state_dict
+
+    for path in paths:
+        try:
+            read_state_dict(path)
+        except Exception as exc:  # noqa: BLE001 - whatever the reader raises, the file is unusable
+            cause = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise ConfigError(f"checkpoint file {path} cannot be read ({cause}); it is cut short or not a "
+                              f"checkpoint: make it again (`python run_bench.py pretrain`) or set init / --init to "
+                              f"another file.") from None
+
 
 
 def output_folder(given: str | None, suite: str) -> Path:
