@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from timm.layers import DropPath, LayerScale, Mlp
+from timm.layers import LayerNorm as TimmLayerNorm
 from timm.layers.attention import Attention
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import Tensor, nn
@@ -19,7 +20,7 @@ from clbench.privacy.reattention import (
     linear_var,
     score_correction,
 )
-from clbench.privacy.rules import RULES, register_rule
+from clbench.privacy.rules import LAYER_NORM, LAYER_SCALE, VIT_TOKENS, register_rule
 from clbench.protocol import ClassificationInfo
 from clbench.registry import MODELS
 
@@ -151,8 +152,11 @@ class ReAttentionViT(VisionTransformer):
             raise ValueError(f"ReAttentionViT cannot track errors through {'; '.join(problems)}.")
 
 
-register_rule(ReAttentionViT)(RULES[VisionTransformer])
-"""Per-sample norms of its ``cls_token`` and ``pos_embed``: timm's rule (both forwards add them through timm's
+register_rule(TimmLayerNorm)(LAYER_NORM)
+register_rule(LayerScale)(LAYER_SCALE)
+register_rule(VisionTransformer, ReAttentionViT)(VIT_TOKENS)
+"""The per-sample norm rules of the timm layers (:mod:`clbench.privacy.rules`): registered here, where timm is
+imported. ReAttentionViT's ``cls_token`` and ``pos_embed`` follow timm's rule (both forwards add them through timm's
 ``_pos_embed``, whose ``pos_drop`` sees the tokens)."""
 
 VIT_CLASSES: dict[str, type[VisionTransformer]] = {"vanilla": VisionTransformer, "reattention": ReAttentionViT}

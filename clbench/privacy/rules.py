@@ -24,17 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import LayerNorm as TimmLayerNorm
-from timm.layers import LayerScale
-from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from clbench.privacy.packing import ROWS
+
+if TYPE_CHECKING:
+    from timm.models.vision_transformer import VisionTransformer
 
 GRAM_CHUNK = 64          # samples per chunk when per-sample layer gradients are formed (the non-Gram branch)
 
@@ -424,9 +424,11 @@ def normalized(module: nn.Module, x: Tensor) -> Tensor:
     return F.layer_norm(x, shape, None, None, module.eps).flatten(x.dim() - len(shape))
 
 
-LAYER_NORM = register_rule(nn.LayerNorm, TimmLayerNorm)(scale_rule(normalized))
-LAYER_SCALE = register_rule(LayerScale)(scale_rule(lambda module, x: x, weight="gamma"))
-"""LayerNorm ``y = γ ⊙ x̂ + β`` (torch's and timm's, which computes the same); LayerScale ``y = γ ⊙ x``."""
+LAYER_NORM = register_rule(nn.LayerNorm)(scale_rule(normalized))
+LAYER_SCALE = scale_rule(lambda module, x: x, weight="gamma")
+"""LayerNorm ``y = γ ⊙ x̂ + β`` (torch's; timm's, which computes the same, and timm's LayerScale ``y = γ ⊙ x`` are
+registered by :mod:`clbench.models.vit`, the owner of the timm models: importing timm takes seconds that a model
+without it, such as the sequence model, does not pay)."""
 
 
 # ---------------------------------------------------------------------------------------------------- Embedding
@@ -499,13 +501,14 @@ def _vit_positions(vit: VisionTransformer) -> dict[str, slice]:
     return {"cls_token": slice(0, 1), "pos_embed": slice(None)}
 
 
-register_rule(VisionTransformer)(additive_rule(_vit_positions, lambda vit: vit.pos_drop))
+VIT_TOKENS = additive_rule(_vit_positions, lambda vit: vit.pos_drop)
 """timm ``VisionTransformer``'s own ``cls_token`` (concatenated at position 0) and ``pos_embed`` (added at every
-position): ``∇cls_i = G_{i,0}``, ``∇pos_i = G_i``, with ``G`` the gradient of the tokens entering ``pos_drop``."""
+position): ``∇cls_i = G_{i,0}``, ``∇pos_i = G_i``, with ``G`` the gradient of the tokens entering ``pos_drop``
+(registered by :mod:`clbench.models.vit`)."""
 
 
-__all__ = ["LAYER_NORM", "LAYER_SCALE", "LINEAR", "RULES", "SEQUENCE_FIRST", "Call", "DirectParts", "LinearParts",
-           "Recorder", "Rows", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads",
-           "embedding_sq_norms", "embedding_weighted", "matmul_sq_norms", "matmul_weighted", "normalized", "parts_rule",
-           "parts_sq_norms", "parts_weighted", "register_rule", "rows", "rows_sq_norms", "rows_weighted", "scale_rule",
-           "stack_rows", "trained_parts", "vector_rule"]
+__all__ = ["LAYER_NORM", "LAYER_SCALE", "LINEAR", "RULES", "SEQUENCE_FIRST", "VIT_TOKENS", "Call", "DirectParts",
+           "LinearParts", "Recorder", "Rows", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule",
+           "embedding_ids_grads", "embedding_sq_norms", "embedding_weighted", "matmul_sq_norms", "matmul_weighted",
+           "normalized", "parts_rule", "parts_sq_norms", "parts_weighted", "register_rule", "rows", "rows_sq_norms",
+           "rows_weighted", "scale_rule", "stack_rows", "trained_parts", "vector_rule"]
