@@ -48,4 +48,4 @@ def test_a_sequence_model_run_imports_no_avalanche():
     Avalanche nor timm (whose per-sample norm rules clbench.models.vit registers)."""
     imported = _imported("import clbench.runner\nfrom clbench.registry import SCENARIOS, STRATEGIES\n"
                          "STRATEGIES.get('seqrec'); SCENARIOS.get('movielens_seqrec')")
-    assert imported == ["torch"]
+    assert not {"avalanche", "avalanche.training", "timm"} & set(imported) and "torch" in imported
