@@ -41,7 +41,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from clbench.errors import NonFiniteLossError
 from clbench.metrics import MetricSpec, summarize_matrix
 from clbench.registry import CALLBACKS
+from clbench.typecheck import AT_LEAST_1
 
 # clbench scores strategies with its own evaluators: Avalanche templates get an EvaluationPlugin without loggers on
 # purpose, and its "No loggers specified" warning would print for every run
@@ -358,7 +359,7 @@ class HookTrace(Callback):
 
     observer = True
 
-    def __init__(self, batches: int = 1000) -> None:
+    def __init__(self, batches: Annotated[int, AT_LEAST_1] = 1000) -> None:
         self.batches = batches
         self.seen = 0
 

@@ -92,15 +92,17 @@ def _entry_list(where: str, raw: Any, keys: tuple[str, ...], allow_empty: bool =
 
 
 def _checked_scenario_args(where: str, name: str, args: dict) -> dict:
-    """``args`` checked against the scenario factory's keyword parameters, their annotations and ranges, then
-    against the data by the factory's optional ``check_args(**args)`` (a ``ValueError`` there, e.g. more experiences
-    than classes, is a :class:`ConfigError`): what the scenario would refuse when built is refused at load."""
+    """``args`` checked against the scenario factory's keyword parameters, their annotations and declared ranges
+    and choices (:func:`clbench.typecheck.parameter_declarations`), then against the data by the factory's optional
+    ``check_args(**args)`` (a ``ValueError`` there, e.g. more experiences than classes, is a :class:`ConfigError`):
+    what the scenario would refuse when built is refused at load."""
     factory = SCENARIOS.get(name)
     params = inspect.signature(factory).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         check_keys(f"{where}: args", args, [p for p in params if p != "seed"])
     try:
-        checked = typecheck.check_values(args, type_hints(factory), "args.")
+        checked = typecheck.check_values(args, type_hints(factory), "args.",
+                                         typecheck.parameter_declarations(factory))
     except typecheck.TypeMismatch as exc:
         raise ConfigError(f"{where}: {exc}") from None
     check = getattr(factory, "check_args", None)
@@ -125,19 +127,32 @@ def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
         params = inspect.signature(factory).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             check_keys(f"{where}[{i}].args (callback {brief(item['name'])})", args, list(params))
+        declared = typecheck.parameter_declarations(factory)
         try:
-            args = typecheck.check_values(args, type_hints(factory), f"[{i}].args.")
+            args = typecheck.check_values(args, type_hints(factory), f"[{i}].args.", declared)
         except typecheck.TypeMismatch as exc:
             raise ConfigError(f"{where}{exc}") from None
+        _check_used_args(f"{where}[{i}]", factory, args, declared)
         out.append({"name": item["name"], "args": dict(args)})
     return tuple(out)
 
 
+def _check_used_args(where: str, factory: Any, args: dict, declared: dict) -> None:
+    """Refuse an argument given while the argument it is used only with (its declared
+    :class:`~clbench.typecheck.UsedOnlyWith`) has another value (given, else the factory's default): it would change
+    nothing but the run's identity (dp's ``gamma`` with ``clipping: flat``)."""
+    params = inspect.signature(factory).parameters
+    for name, need in ((n, d.only_with) for n, d in declared.items() if d.only_with is not None and n in args):
+        other = args.get(need.other, params[need.other].default if need.other in params else None)
+        if not need.test(other):
+            raise ConfigError(f"{where}.args.{name} is used only with {need.other}: {need.wanted} (this entry's "
+                              f"{need.other} is {brief(other)}), so it would change nothing; remove it or set "
+                              f"{need.other}.")
+
+
 def _parse_dp(where: str, raw: Any) -> tuple[dict, ...]:
     """A strategy entry's ``dp: {epsilon, delta, clip, ...}`` as the ``dp`` callback entry (part of the run's
-    identity; checked by :func:`_check_dp`)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}.dp: expected a mapping like {{epsilon: 3.0, clip: 1.0}}, got {brief(raw)}.")
+    identity; checked by :func:`_check_dp`; :func:`parse_suite` has checked that it is a mapping)."""
     return parse_callbacks(f"{where}.dp", [{"name": "dp", "args": raw}])
 
 
@@ -183,6 +198,27 @@ def _check_kinds(source: str, scenarios: list[ScenarioEntry], strategies: list[S
                                   f"strategy of a suite runs on every scenario, so put them in separate suites.")
 
 
+def _check_sizes(source: str, scenarios: list[ScenarioEntry], strategies: list[StrategyEntry]) -> None:
+    """Every value an entry sets for a field bounded by a scenario size (its declared ``at_most``, else the generic
+    rule of :data:`clbench.typecheck.SIZE_BOUNDS`: ``mem_size``, ``n_shards``) is at most that size of every
+    scenario of the suite that declares its sizes (the factory's ``sizes(**args)``, computed without loading the
+    data): a memory larger than the stream would be the same run as one of the stream's size under another number,
+    and more shards than samples fail in the run."""
+    sizes = [getattr(SCENARIOS.get(s.name), "sizes", None) for s in scenarios]
+    known = [(j, s, found(**s.args)) for j, (s, found) in enumerate(zip(scenarios, sizes)) if found is not None]
+    for i, strategy in enumerate(strategies):
+        declared = typecheck.declarations(STRATEGIES.get(strategy.name).Config)
+        for name, value in strategy.args.items():
+            bound = declared[name].bound_for(name) if name in declared else None
+            for j, scenario, size in known if bound is not None and isinstance(value, int) else ():
+                if bound in size and value > size[bound]:
+                    raise ConfigError(
+                        f"{source}: strategies[{i}] ({strategy.key}): args.{name} {value:,} is more than the "
+                        f"{size[bound]:,} {typecheck.SCENARIO_SIZES[bound]} of scenarios[{j}] ({scenario.key}); "
+                        f"set {name} to at most {size[bound]:,} (every strategy of a suite runs on every scenario: "
+                        f"put the entries in separate suites to use other values).")
+
+
 def _installed(module: str) -> bool:
     """Whether ``module`` can be imported (without importing it; ``sys.modules[module] = None`` blocks it)."""
     if module in sys.modules:
@@ -207,7 +243,10 @@ def _load_plugins(source: str, plugins: Any) -> None:
 
 
 def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
-    """Validate a suite mapping (already parsed from YAML) into a :class:`SuiteSpec`."""
+    """Validate a suite mapping (already parsed from YAML) into a :class:`SuiteSpec`. The shape of the file (keys,
+    names, labels, seeds, entries given twice) is checked first, from the registries' index: a malformed file is
+    refused without importing a strategy or scenario module (nor torch); the values are checked after, against the
+    modules that use them."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a suite file must be a mapping with keys {', '.join(SUITE_KEYS)}.")
     check_keys(source, data, SUITE_KEYS)
@@ -218,26 +257,29 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
     name = check_path_name(source, "suite", data["suite"])
     seeds = data.get("seeds", [0])
     check_seeds(source, seeds)
+    raw_scenarios = _named_entries(f"{source}: scenarios", data["scenarios"], SCENARIO_KEYS, SCENARIOS)
+    raw_strategies = _named_entries(f"{source}: strategies", data["strategies"], STRATEGY_KEYS, STRATEGIES)
+    for i, item in enumerate(raw_strategies):
+        where = f"{source}: strategies[{i}] ({item['name']})"
+        _named_entries(f"{where}.callbacks", item.get("callbacks", []), CALLBACK_KEYS, CALLBACKS, allow_empty=True)
+        if "dp" in item and not isinstance(item["dp"], dict):
+            raise ConfigError(f"{where}.dp: expected a mapping like {{epsilon: 3.0, clip: 1.0}}, got "
+                              f"{brief(item['dp'])}.")
+    for kind, items in (("scenario", raw_scenarios), ("strategy", raw_strategies)):
+        keys = [item.get("label") or item["name"] for item in items]
+        dupes = sorted({k for k in keys if keys.count(k) > 1})
+        if dupes:
+            raise ConfigError(f"{source}: {kind} {brief(dupes[0])} appears twice; give the entries distinct 'label's.")
 
     scenarios = []
-    for i, item in enumerate(_entry_list(f"{source}: scenarios", data["scenarios"], SCENARIO_KEYS)):
-        try:
-            SCENARIOS.get(item["name"])
-        except KeyError as exc:
-            raise ConfigError(f"{source}: scenarios[{i}]: {exc}") from None
+    for i, item in enumerate(raw_scenarios):
         where = f"{source}: scenarios[{i}] ({item['name']})"
-        _check_entry_names(where, item)
         scenarios.append(ScenarioEntry(name=item["name"], label=item.get("label", ""),
                                        args=_checked_scenario_args(where, item["name"], item.get("args", {}))))
 
     strategies = []
-    for i, item in enumerate(_entry_list(f"{source}: strategies", data["strategies"], STRATEGY_KEYS)):
+    for i, item in enumerate(raw_strategies):
         where = f"{source}: strategies[{i}] ({item['name']})"
-        try:
-            STRATEGIES.get(item["name"])
-        except KeyError as exc:
-            raise ConfigError(f"{source}: strategies[{i}]: {exc}") from None
-        _check_entry_names(where, item)
         args, config = checked_config(item["name"], item.get("preset"), item.get("args", {}), where)
         callbacks = parse_callbacks(f"{where}.callbacks", item.get("callbacks", []))
         if "dp" in item:
@@ -251,14 +293,26 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
                                         args=args, label=item.get("label", ""), callbacks=callbacks))
 
     _check_kinds(source, scenarios, strategies)
-    for kind, entries in (("scenario", scenarios), ("strategy", strategies)):
-        keys = [e.key for e in entries]
-        dupes = sorted({k for k in keys if keys.count(k) > 1})
-        if dupes:
-            raise ConfigError(f"{source}: {kind} {brief(dupes[0])} appears twice; give the entries distinct 'label's.")
-
+    _check_sizes(source, scenarios, strategies)
     return SuiteSpec(name=name, scenarios=tuple(scenarios), strategies=tuple(strategies),
                      seeds=tuple(seeds), description=str(data.get("description", "")), source=source)
+
+
+def _named_entries(where: str, raw: Any, keys: tuple[str, ...], registry: Any, allow_empty: bool = False
+                   ) -> list[dict]:
+    """``raw`` as entries (:func:`_entry_list`) whose names ``registry`` holds (known from its index: no module is
+    imported for a known name) and, for scenarios and strategies, whose row keys (label, else name) can be file
+    names."""
+    items = _entry_list(where, raw, keys, allow_empty)
+    for i, item in enumerate(items):
+        if item["name"] not in registry:
+            try:
+                registry.get(item["name"])          # the message: close names, plugin modules that failed
+            except KeyError as exc:
+                raise ConfigError(f"{where}[{i}]: {exc}") from None
+        if registry is not CALLBACKS:
+            _check_entry_names(f"{where}[{i}] ({item['name']})", item)
+    return items
 
 
 def _check_entry_names(where: str, item: dict) -> None:
@@ -298,6 +352,7 @@ def read_yaml(path: Path) -> Any:
         _check_depth(path, text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         _check_expansion(path, node)
+        _check_duplicate_keys(path, node)
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
@@ -345,3 +400,24 @@ def _check_expansion(path: Path, root: yaml.Node | None) -> None:
 
     if root is not None:
         size(root)
+
+
+def _check_duplicate_keys(path: Path, root: yaml.Node | None) -> None:
+    """Refuse a mapping that gives one key twice (``epochs: 1, epochs: 3``; YAML loaders silently keep the last),
+    naming the entry and the key. Runs after :func:`_check_expansion`, so the walk is bounded."""
+    stack: list[tuple[str, yaml.Node]] = [("", root)] if root is not None else []
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, Any], int] = {}
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                if name is not None and (key.tag, name) in seen:
+                    raise ConfigError(f"{path}: {where + '.' if where else ''}{brief(name)[1:-1]} is given twice "
+                                      f"(lines {seen[key.tag, name]} and {key.start_mark.line + 1}); a YAML loader "
+                                      f"would silently keep the last: keep one.")
+                if name is not None:
+                    seen[key.tag, name] = key.start_mark.line + 1
+                stack.append((f"{where}.{name}" if where else str(name), value))

@@ -21,7 +21,9 @@ and scenario gets them without code of its own: :data:`RANGES` by exact name (``
 ``lr > 0``, ``momentum`` in ``[0, 1]``...), then :data:`RANGE_SUFFIXES` and :data:`RANGE_PREFIXES` (``*_size >= 1``,
 ``n_* >= 1``). A Config number with neither a declaration nor a generic rule gets :data:`UNDECLARED` (``>= 0``: a
 plugin's ``train_experiences: -1`` is refused, and the message says how to declare another range). The suite loader
-checks all of it on the values read (:func:`check_values` with the Config's :func:`declarations`); a Config derives
+checks all of it on the values read (:func:`check_values` with the Config's :func:`declarations`; a scenario
+factory's or callback's keyword parameter declares the same with ``Annotated[T, Range(...)]`` or
+``Annotated[T, Declared(...)]``, read by :func:`parameter_declarations`); a Config derives
 from :class:`RangeChecked`, so one built in Python gets the same checks. A ``Config.__post_init__`` checks only what
 no declaration can say: settings that exclude each other.
 """
@@ -144,11 +146,14 @@ def only_with(other: str, value: Any) -> UsedOnlyWith:
 class Declared:
     """What a Config field declares beside it (:func:`setting`): ``within`` its range (None: the generic rule of its
     name, else :data:`UNDECLARED`), ``choices`` its allowed values (a collection, or a function returning one: a
-    registry's ``names``; for a list or tuple value, each element), ``only_with`` the setting it needs to act."""
+    registry's ``names``; for a list or tuple value, each element), ``only_with`` the setting it needs to act,
+    ``at_most`` the scenario size it may not exceed (a key of :data:`SCENARIO_SIZES`; None: the generic rule of its
+    name in :data:`SIZE_BOUNDS`)."""
 
     within: Range | None = None
     choices: Collection | Callable[[], Collection] | None = None
     only_with: UsedOnlyWith | None = None
+    at_most: str | None = None
 
     def allowed(self) -> list | None:
         """The choices as a list (a registry's names read now), or None."""
@@ -164,6 +169,24 @@ class Declared:
         generic = range_of(name)
         return (generic, True) if generic is not None else (UNDECLARED, False)
 
+    def bound_for(self, name: str) -> str | None:
+        """The scenario size (a key of :data:`SCENARIO_SIZES`) that a field called ``name`` may not exceed: its
+        own, else the generic rule of :data:`SIZE_BOUNDS`, else None."""
+        return self.at_most or SIZE_BOUNDS.get(name)
+
+
+SCENARIO_SIZES: dict[str, str] = {
+    "train_samples": "training samples in the whole stream",
+    "experience_samples": "training samples in its smallest experience",
+}
+"""The sizes a scenario factory may declare without loading its data (its ``sizes(**args)`` attribute returns
+``{size: count}``), in words for the refusal."""
+
+SIZE_BOUNDS: dict[str, str] = {"mem_size": "train_samples", "n_shards": "experience_samples"}
+"""Generic names bounded by a scenario size: a rehearsal memory larger than the stream keeps every sample (the same
+run as a memory of the stream's size, under another number), and ``n_shards`` disjoint non-empty shards of each
+experience need that many samples in each."""
+
 
 METADATA_KEY = "clbench"
 NOTHING_DECLARED = Declared()
@@ -171,7 +194,7 @@ NOTHING_DECLARED = Declared()
 
 def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
             within: Range | None = None, choices: Collection | Callable[[], Collection] | None = None,
-            only_with: UsedOnlyWith | None = None) -> Any:
+            only_with: UsedOnlyWith | None = None, at_most: str | None = None) -> Any:
     """A Config field with its declaration (:class:`Declared`) as dataclass metadata::
 
         optimizer: str = setting("sgd", choices=OPTIMIZERS.names)
@@ -180,13 +203,32 @@ def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = datacl
 
     The default (or ``default_factory``) is the field's; the metadata changes neither the value nor the identity."""
     return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata={METADATA_KEY: Declared(within, choices, only_with)})
+                             metadata={METADATA_KEY: Declared(within, choices, only_with, at_most)})
 
 
 def declarations(config_cls: type) -> dict[str, Declared]:
     """``{field: Declared}`` for every field of a Config dataclass (:data:`NOTHING_DECLARED` where it declares
     nothing)."""
     return {f.name: f.metadata.get(METADATA_KEY, NOTHING_DECLARED) for f in dataclasses.fields(config_cls)}
+
+
+def parameter_declarations(func: Callable) -> dict[str, Declared]:
+    """``{parameter: Declared}`` for the parameters of a function (a scenario factory, a callback's ``__init__``)
+    annotated ``Annotated[T, Range(...)]`` or ``Annotated[T, Declared(...)]``: the declarations of a Config's
+    :func:`setting`, for keyword arguments. Parameters without one are left out (they get the generic rules)."""
+    target = func.__init__ if isinstance(func, type) else func
+    try:
+        hints = typing.get_type_hints(target, include_extras=True)
+    except (NameError, TypeError):
+        return {}
+    out = {}
+    for name, hint in hints.items():
+        for meta in getattr(hint, "__metadata__", ()) if typing.get_origin(hint) is typing.Annotated else ():
+            if isinstance(meta, Range):
+                out[name] = Declared(within=meta)
+            elif isinstance(meta, Declared):
+                out[name] = meta
+    return out
 
 
 def type_name(tp: Any) -> str:
@@ -325,13 +367,14 @@ def check_choice(name: str, value: Any, key: str, declared: Declared) -> None:
 def check_values(values: Mapping[str, Any], hints: Mapping[str, Any], prefix: str = "",
                  declared: Mapping[str, Declared] | None = None) -> dict[str, Any]:
     """Every ``values[k]`` coerced to ``hints[k]`` (keys without a hint are returned as they are) and checked
-    against its range and, for a Config (``declared``: its :func:`declarations`), its choices; errors name
+    against its range and its choices as ``declared`` says (a Config's :func:`declarations`, a function's
+    :func:`parameter_declarations`; a name it leaves out gets the generic rule of its name); errors name
     ``prefix + k``."""
     out = {}
     for name, value in values.items():
         key = f"{prefix}{name}"
         out[name] = coerce(value, hints[name], key) if name in hints else value
-        field_declared = None if declared is None else declared.get(name, NOTHING_DECLARED)
+        field_declared = None if declared is None else declared.get(name)
         check_range(name, out[name], key, field_declared)
         if field_declared is not None:
             check_choice(name, out[name], key, field_declared)

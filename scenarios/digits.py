@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
@@ -10,12 +12,14 @@ from sklearn.model_selection import train_test_split
 from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
 from clbench.streams import class_incremental, increments_for, seeded_class_order
+from clbench.typecheck import Range
 
 DIGITS_MEAN, DIGITS_STD = 4.8842 / 16, 6.0168 / 16   # pixel statistics of the 1,797 images, scaled to [0, 1]
 
 
 @SCENARIOS.register("split_digits")
-def split_digits(*, seed: int = 0, n_experiences: int = 5, class_order: str = "fixed", test_fraction: float = 0.3,
+def split_digits(*, seed: int = 0, n_experiences: int = 5, class_order: str = "fixed",
+                 test_fraction: Annotated[float, Range(0, 1, open_low=True, open_high=True)] = 0.3,
                  task_aware: bool = False) -> Scenario:
     """Digits 0-9 in ``n_experiences`` class-incremental steps (5 x 2 classes by default).
 
@@ -45,4 +49,21 @@ def _check_args(*, n_experiences: int = 5, **_: object) -> None:
     increments_for(10, n_experiences)
 
 
+def _sizes(*, n_experiences: int = 5, class_order: str = "fixed", test_fraction: float = 0.3, **_: object
+           ) -> dict[str, int]:
+    """The training samples of the whole stream and of its smallest experience (for every class order when
+    ``class_order`` is random), from the labels alone: what a suite's ``mem_size`` and ``n_shards`` are checked
+    against when it loads (:data:`clbench.typecheck.SCENARIO_SIZES`)."""
+    target = load_digits().target
+    train = train_test_split(target, test_size=test_fraction, random_state=0, stratify=target)[0]
+    counts = np.bincount(train, minlength=10)
+    steps = increments_for(10, n_experiences)
+    if class_order == "fixed":
+        smallest = min(int(c.sum()) for c in np.split(counts, np.cumsum(steps)[:-1]))
+    else:
+        smallest = int(np.sort(counts)[:min(steps)].sum())
+    return {"train_samples": len(train), "experience_samples": smallest}
+
+
 split_digits.check_args = _check_args
+split_digits.sizes = _sizes

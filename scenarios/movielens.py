@@ -44,6 +44,7 @@ would be in deployment.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,6 +61,24 @@ from clbench.registry import SCENARIOS
 N_ITEMS = 1682
 HOLDOUTS = ("test", "valid")
 WINDOWS = ("all", "last")
+INTERACTIONS = 100_000                  # rows of u.data
+
+
+def check_sequence_args(*, interactions: int, n_experiences: int = 1, max_len: int = 50, holdout: str = "test",
+                        windows: str = "all", **_: object) -> None:
+    """What a sequence scenario over ``interactions`` rows refuses, known from its arguments and the data's size:
+    the factories call it, and a suite checks it when it loads (the factories' ``check_args``). A time period needs
+    at least two interactions (a training target and a held-out one), so ``n_experiences`` is at most half the
+    interactions; a period left without a training window or a test user is found when the data are cut."""
+    if holdout not in HOLDOUTS or windows not in WINDOWS:
+        raise ValueError(f"holdout must be one of {HOLDOUTS} and windows one of {WINDOWS}; got {holdout!r}, "
+                         f"{windows!r}.")
+    if n_experiences < 1 or max_len < 1:
+        raise ValueError(f"n_experiences and max_len must be positive, got {n_experiences} and {max_len}.")
+    if n_experiences > interactions // 2:
+        raise ValueError(f"n_experiences {n_experiences}: {interactions:,} interactions make at most "
+                         f"{interactions // 2:,} time periods (each needs a training target and a held-out item); "
+                         f"use fewer.")
 
 
 def _not_split(paths: dict[str, Path]) -> SplitArrays:
@@ -186,16 +205,14 @@ def movielens_seqrec(*, seed: int = 0, n_experiences: int = 1, max_len: int = 50
     second-to-last item); ``windows``: ``all`` (every target once) or ``last`` (one window per user and period:
     SASRec's truncation to the latest ``L`` items, and one training sample per user, the unit of user-level
     privacy). The data do not depend on ``seed``."""
-    if holdout not in HOLDOUTS or windows not in WINDOWS:
-        raise ValueError(f"holdout must be one of {HOLDOUTS} and windows one of {WINDOWS}; got {holdout!r}, "
-                         f"{windows!r}.")
-    if n_experiences < 1 or max_len < 1:
-        raise ValueError(f"n_experiences and max_len must be positive, got {n_experiences} and {max_len}.")
+    check_sequence_args(interactions=INTERACTIONS, n_experiences=n_experiences, max_len=max_len, holdout=holdout,
+                        windows=windows)
     _, paths = locate(MOVIELENS_100K, data_root)
     return sequences_scenario(read_interactions(paths["u.data"]), n_experiences, max_len, holdout, windows)
 
 
 movielens_seqrec.kind = NEXT_ITEM       # what it builds, read when a suite loads (clbench.protocol.scenario_kind)
+movielens_seqrec.check_args = partial(check_sequence_args, interactions=INTERACTIONS)
 
 
 def sequences_scenario(rows: np.ndarray, n_experiences: int, max_len: int, holdout: str = "test",

@@ -16,6 +16,7 @@ datasets of Ding et al. (ICML 2024).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from clbench.data.catalog import DatasetSpec, Layout, SplitArrays, locate
 from clbench.data.errors import DatasetNotFound
 from clbench.protocol import NEXT_ITEM, Scenario
 from clbench.registry import SCENARIOS
-from clbench.scenarios.movielens import HOLDOUTS, WINDOWS, sequences_scenario
+from clbench.scenarios.movielens import check_sequence_args, sequences_scenario
 
 GAMES_ITEMS = 23_715
 ML1M_URL = "https://files.grouplens.org/datasets/movielens/ml-1m.zip"
@@ -82,12 +83,16 @@ def read_movielens_1m(path: Path) -> tuple[np.ndarray, int]:
     return rows, len(ids)
 
 
-def _check(n_experiences: int, max_len: int, holdout: str, windows: str) -> None:
-    if holdout not in HOLDOUTS or windows not in WINDOWS:
-        raise ValueError(f"holdout must be one of {HOLDOUTS} and windows one of {WINDOWS}; got {holdout!r}, "
-                         f"{windows!r}.")
-    if n_experiences < 1 or max_len < 1:
-        raise ValueError(f"n_experiences and max_len must be positive, got {n_experiences} and {max_len}.")
+GAMES_INTERACTIONS = 287_107           # lines of Video.txt
+MOVIELENS_1M_INTERACTIONS = 1_000_209  # rows of ratings.dat
+
+
+def _check_games(*, n_experiences: int = 1, **args: object) -> None:
+    """What ``games_seqrec`` refuses, known from its arguments (its ``check_args``: checked when a suite loads)."""
+    check_sequence_args(interactions=GAMES_INTERACTIONS, n_experiences=n_experiences, **args)
+    if n_experiences != 1:
+        raise ValueError(f"games_seqrec has one experience only (Video.txt has no timestamps to cut time periods "
+                         f"by), got n_experiences={n_experiences}.")
 
 
 @SCENARIOS.register("games_seqrec")
@@ -97,16 +102,14 @@ def games_seqrec(*, seed: int = 0, n_experiences: int = 1, max_len: int = 50, ho
     HIT@10 over all items. ``n_experiences`` must be 1 (the file has no global time); ``max_len``, ``holdout`` and
     ``windows`` as in ``movielens_seqrec`` (default ``last``: one training window per user, the unit of user-level
     privacy). The data do not depend on ``seed``."""
-    _check(n_experiences, max_len, holdout, windows)
-    if n_experiences != 1:
-        raise ValueError(f"games_seqrec has one experience only (Video.txt has no timestamps to cut time periods "
-                         f"by), got n_experiences={n_experiences}.")
+    _check_games(n_experiences=n_experiences, max_len=max_len, holdout=holdout, windows=windows)
     _, paths = locate(AMAZON_GAMES, data_root)
     return sequences_scenario(read_games(paths["Video.txt"]), 1, max_len, holdout, windows, GAMES_ITEMS,
                               name="games_seqrec")
 
 
 games_seqrec.kind = NEXT_ITEM           # what it builds, read when a suite loads (clbench.protocol.scenario_kind)
+games_seqrec.check_args = _check_games
 
 
 @SCENARIOS.register("movielens1m_seqrec")
@@ -115,13 +118,15 @@ def movielens1m_seqrec(*, seed: int = 0, n_experiences: int = 1, max_len: int = 
     """Next-item prediction on MovieLens-1M (6,040 users, 3,706 items), MovieLens-100k's protocol (equal-size time
     periods with ``n_experiences > 1``); ``max_len`` defaults to SASRec's 200 for MovieLens-1M. The data do not
     depend on ``seed``."""
-    _check(n_experiences, max_len, holdout, windows)
+    check_sequence_args(interactions=MOVIELENS_1M_INTERACTIONS, n_experiences=n_experiences, max_len=max_len,
+                        holdout=holdout, windows=windows)
     _, paths = locate(MOVIELENS_1M, data_root)
     rows, n_items = read_movielens_1m(paths["ratings.dat"])
     return sequences_scenario(rows, n_experiences, max_len, holdout, windows, n_items, name="movielens1m_seqrec")
 
 
 movielens1m_seqrec.kind = NEXT_ITEM
+movielens1m_seqrec.check_args = partial(check_sequence_args, interactions=MOVIELENS_1M_INTERACTIONS)
 
 
 __all__ = ["AMAZON_GAMES", "GAMES_ITEMS", "MOVIELENS_1M", "games_seqrec", "movielens1m_seqrec", "read_games",

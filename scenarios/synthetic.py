@@ -33,3 +33,18 @@ def synthetic(*, seed: int = 0, n_classes: int = 6, n_experiences: int = 3, trai
                               input_shape=shape, mean=(0.0,) * channels, std=(1.0,) * channels, task_aware=task_aware,
                               default_model="mlp")
     return class_incremental(info, x_train, y_train, x_test, y_test, order)
+
+
+def _check_args(*, n_classes: int = 6, n_experiences: int = 3, **_: object) -> None:
+    """The ``n_classes`` classes split into ``n_experiences`` steps, checked when a suite loads."""
+    increments_for(n_classes, n_experiences)
+
+
+def _sizes(*, n_classes: int = 6, n_experiences: int = 3, train_per_class: int = 40, **_: object) -> dict[str, int]:
+    """Training samples of the stream and of its smallest experience (:data:`clbench.typecheck.SCENARIO_SIZES`)."""
+    return {"train_samples": n_classes * train_per_class,
+            "experience_samples": min(increments_for(n_classes, n_experiences)) * train_per_class}
+
+
+synthetic.check_args = _check_args
+synthetic.sizes = _sizes

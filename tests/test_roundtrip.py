@@ -163,7 +163,7 @@ def _reorder(value):
 def _base() -> RunSpec:
     return RunSpec("s", ScenarioEntry("synthetic", {"n_classes": 4, "n_experiences": 2}, "syn"),
                    StrategyEntry("replay", {"mem_size": 50, "lr": 0.01}, "rp", "cpu",
-                                 ({"name": "hook_trace", "args": {"batches": 2}},)), 0)
+                                 ({"name": "dp", "args": {"epsilon": 8.0}},)), 0)   # hook_trace: an observer
 
 
 def test_identity_hash_ignores_key_order_and_device_and_holds_amp_only_when_true():
@@ -194,7 +194,7 @@ def _variants(spec: RunSpec) -> dict[str, RunSpec]:
         "strategy label": dataclasses.replace(spec, strategy=dataclasses.replace(st, label="other")),
         "preset": dataclasses.replace(spec, strategy=dataclasses.replace(st, preset=None)),
         "callback args": dataclasses.replace(spec, strategy=dataclasses.replace(
-            st, callbacks=({"name": "hook_trace", "args": {"batches": 3}},))),
+            st, callbacks=({"name": "dp", "args": {"epsilon": 4.0}},))),
         "no callbacks": dataclasses.replace(spec, strategy=dataclasses.replace(st, callbacks=())),
     }
 
@@ -227,13 +227,13 @@ def test_parse_suite_keeps_labels_presets_seeds_and_coerced_args():
     """A suite written by hand (not shipped) with every kind of field: labels, preset, callbacks as a bare name,
     seeds, a string number coerced to the field's type."""
     data = {"suite": "hand", "description": "d", "seeds": [3, 1],
-            "scenarios": [{"name": "synthetic", "label": "syn", "args": {"n_classes": 4}}, "split_digits"],
+            "scenarios": [{"name": "synthetic", "label": "syn", "args": {"n_classes": 6}}, "split_digits"],
             "strategies": [{"name": "replay", "preset": "cpu", "label": "r", "args": {"lr": "1e-3", "mem_size": 9},
                             "callbacks": ["hook_trace"]},
                            {"name": "naive"}]}
     spec = suite_file.parse_suite(data, "hand.yaml")
     assert spec == SuiteSpec(
-        "hand", (ScenarioEntry("synthetic", {"n_classes": 4}, "syn"), ScenarioEntry("split_digits")),
+        "hand", (ScenarioEntry("synthetic", {"n_classes": 6}, "syn"), ScenarioEntry("split_digits")),
         (StrategyEntry("replay", {"lr": 0.001, "mem_size": 9}, "r", "cpu", ({"name": "hook_trace", "args": {}},)),
          StrategyEntry("naive")), (3, 1), "d", "hand.yaml")
     assert isinstance(spec.strategies[0].args["lr"], float) and math.isclose(spec.strategies[0].args["lr"], 1e-3)

@@ -96,11 +96,12 @@ def run(args: argparse.Namespace) -> int:
     output folder (held locked while the suite runs: a second suite into it is refused), the executor and the
     pre-flight of what the runs will use; each problem is one line and exit code 2, and leaves no output folder
     behind (folders are made when the runs start)."""
-    from clbench.environment import resolve_device
     from clbench.fingerprint import check_one_tree
 
     check_one_tree()
     suite = _with_init(load_suite(args.suite).select(args.scenario, args.strategy, args.seeds), args.init)
+    from clbench.environment import resolve_device  # imports torch: after the suite, so a malformed one is quick
+
     _check_flags(args)
     _check_amp(args.amp, resolve_device(args.device), suite)
     out = output_folder(args.out, suite.name)
@@ -212,7 +213,6 @@ def _check_readable(paths: list[str]) -> None:
             raise ConfigError(f"checkpoint file {path} cannot be read ({cause}); it is cut short or not a "
                               f"checkpoint: make it again (`python run_bench.py pretrain`) or set init / --init to "
                               f"another file.") from None
-
 
 
 def output_folder(given: str | None, suite: str) -> Path:

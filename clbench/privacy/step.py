@@ -44,6 +44,7 @@ import math
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +56,7 @@ from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.tape import Tape
 from clbench.registry import STRATEGIES, load_plugins
+from clbench.typecheck import Declared, only_with
 
 CLIPPING: dict[str, Callable[[Tensor, float, float], Tensor]] = {
     "flat": lambda norms, clip, gamma: (clip / (norms + 1e-6)).clamp(max=1.0),
@@ -136,7 +138,8 @@ class PrivateTraining(Callback):
     accounting); arguments: :class:`DPConfig`'s fields. Reports ``epsilon`` (and ``noise_multiplier``)."""
 
     def __init__(self, epsilon: float | None = None, delta: float | None = None, clip: float = 1.0,
-                 clipping: str = "flat", noise_multiplier: float | None = None, gamma: float = 0.01) -> None:
+                 clipping: str = "flat", noise_multiplier: float | None = None,
+                 gamma: Annotated[float, Declared(only_with=only_with("clipping", "automatic"))] = 0.01) -> None:
         self.config = DPConfig(epsilon, delta, clip, clipping, noise_multiplier, gamma)
         self.tape: Tape | None = None
         self.call: TrainingCall | None = None

@@ -1,0 +1,232 @@
+"""Issue #37's probes of suite loading: duplicated YAML keys, values that depend on the scenario (memory and shards
+against the stream's declared sizes, the scenarios' own arguments), settings that change nothing (dp's ``gamma`` with
+flat clipping, ``hook_trace``'s ``batches``), and a malformed file refused before any strategy or scenario module
+(or torch) is imported. Each was accepted, or refused only after the imports, before the fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import pytest
+
+from clbench import suite_file, typecheck
+from clbench.errors import ConfigError
+from clbench.registry import SCENARIOS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _parse(scenarios: list, strategies: list) -> None:
+    suite_file.parse_suite({"suite": "s", "scenarios": scenarios, "strategies": strategies}, "s.yaml")
+
+
+def _refused(scenarios: list, strategies: list) -> str:
+    with pytest.raises(ConfigError) as info:
+        _parse(scenarios, strategies)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("s.yaml: "), message
+    return message
+
+
+# ------------------------------------------------------------------------------------------------ duplicated keys
+@pytest.mark.parametrize(("text", "expected"), [
+    ("suite: a\nsuite: b\n", "s.yaml: suite is given twice (lines 1 and 2)"),
+    ("suite: x\nscenarios: [split_digits]\nstrategies:\n  - name: replay\n    args: {epochs: 1, epochs: 3}\n",
+     "s.yaml: strategies[0].args.epochs is given twice (lines 5 and 5)"),
+    ("suite: x\nscenarios:\n  - name: synthetic\n    args:\n      n_classes: 4\n      n_classes: 6\n",
+     "s.yaml: scenarios[0].args.n_classes is given twice (lines 5 and 6)"),
+])
+def test_a_key_given_twice_is_refused_naming_the_entry_and_the_key(tmp_path, text, expected):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        suite_file.read_yaml(path)
+    assert str(info.value).replace(str(tmp_path) + "/", "").startswith(expected), str(info.value)
+    assert "keep one" in str(info.value)
+
+
+def test_the_same_key_in_sibling_mappings_and_a_merge_key_are_not_duplicates(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("base: &b {epochs: 1}\nstrategies:\n  - {name: a, args: {epochs: 2}}\n"
+                    "  - {name: b, args: {<<: *b, lr: 0.1}}\n")
+    assert suite_file.read_yaml(path)["strategies"][1]["args"] == {"epochs": 1, "lr": 0.1}
+
+
+# ---------------------------------------------------------------------------------- values against the scenario
+def test_mem_size_is_at_most_the_training_samples_of_the_stream():
+    """split_digits (test_fraction 0.2) trains on 1,437 samples: 1437 is every sample, 1438 or the issue's 100000
+    would be the same run under another number."""
+    digits = [{"name": "split_digits", "args": {"test_fraction": 0.2}}]
+    _parse(digits, [{"name": "replay", "args": {"mem_size": 1437}}])
+    message = _refused(digits, [{"name": "replay", "args": {"mem_size": 1438}}])
+    assert message == ("s.yaml: strategies[0] (replay): args.mem_size 1,438 is more than the 1,437 training samples "
+                       "in the whole stream of scenarios[0] (split_digits); set mem_size to at most 1,437 (every "
+                       "strategy of a suite runs on every scenario: put the entries in separate suites to use other "
+                       "values).")
+    assert "100,000 is more than" in _refused(digits, [{"name": "replay", "args": {"mem_size": 100000}}])
+
+
+def test_every_scenario_of_the_suite_bounds_the_memory():
+    synthetic = {"name": "synthetic", "label": "syn", "args": {"train_per_class": 10}}     # 60 samples
+    message = _refused(["split_digits", synthetic], [{"name": "replay", "args": {"mem_size": 61}}])
+    assert "60 training samples in the whole stream of scenarios[1] (syn)" in message
+    _parse(["split_digits", synthetic], [{"name": "replay", "args": {"mem_size": 60}}, "naive"])
+
+
+def test_shards_are_at_most_the_samples_of_the_smallest_experience():
+    synthetic = [{"name": "synthetic", "args": {"train_per_class": 10, "n_classes": 6, "n_experiences": 3}}]
+    _parse(synthetic, [{"name": "taft_shards", "preset": "cpu", "args": {"n_shards": 20}}])
+    message = _refused(synthetic, [{"name": "taft_shards", "preset": "cpu", "args": {"n_shards": 21}}])
+    assert "args.n_shards 21 is more than the 20 training samples in its smallest experience" in message
+    assert "n_shards 2,000 is more than the 248" in _refused(
+        ["split_digits"], [{"name": "taft_shards", "preset": "cpu", "args": {"n_shards": 2000}}])
+
+
+@pytest.mark.parametrize("args", [{}, {"test_fraction": 0.2, "n_experiences": 2}, {"n_experiences": 10},
+                                  {"class_order": "random", "n_experiences": 5}])
+def test_split_digits_declares_the_sizes_it_builds(args):
+    """The sizes computed from the labels alone are those of the built stream (the smallest experience: for
+    every class order when the order is random)."""
+    factory = SCENARIOS.get("split_digits")
+    sizes = factory.sizes(**args)
+    smallest = []
+    for seed in range(4):
+        stream = factory(seed=seed, **args).train_stream
+        lengths = [len(e.dataset) for e in stream]
+        assert sizes["train_samples"] == sum(lengths)
+        smallest.append(min(lengths))
+    if args.get("class_order") == "random":
+        assert sizes["experience_samples"] <= min(smallest)
+    else:
+        assert sizes["experience_samples"] == min(smallest)
+
+
+def test_synthetic_declares_the_sizes_it_builds():
+    args = {"n_classes": 6, "n_experiences": 2, "train_per_class": 7}
+    lengths = [len(e.dataset) for e in SCENARIOS.get("synthetic")(seed=0, **args).train_stream]
+    assert SCENARIOS.get("synthetic").sizes(**args) == {"train_samples": sum(lengths),
+                                                        "experience_samples": min(lengths)}
+
+
+def test_every_declared_size_bound_names_a_known_size():
+    assert set(typecheck.SIZE_BOUNDS.values()) <= set(typecheck.SCENARIO_SIZES)
+    for name in SCENARIOS.names():
+        sizes = getattr(SCENARIOS.get(name), "sizes", None)
+        if sizes is not None:
+            assert set(sizes()) <= set(typecheck.SCENARIO_SIZES), name
+
+
+@pytest.mark.parametrize(("scenario", "expected"), [
+    ({"name": "split_digits", "args": {"test_fraction": 1.5}}, "args.test_fraction: 1.5 is out of range: "
+                                                                "test_fraction must be in (0, 1)"),
+    ({"name": "split_digits", "args": {"test_fraction": 0.0}}, "test_fraction must be in (0, 1)"),
+    ({"name": "synthetic", "args": {"n_experiences": 100000}}, "6 classes cannot be split into 100000 experiences"),
+    ({"name": "games_seqrec", "args": {"n_experiences": 2}}, "games_seqrec has one experience only"),
+    ({"name": "movielens_seqrec", "args": {"holdout": "train"}}, "holdout must be one of ('test', 'valid')"),
+    ({"name": "movielens1m_seqrec", "args": {"windows": "first"}}, "windows one of ('all', 'last')"),
+    ({"name": "movielens_seqrec", "args": {"n_experiences": 100000}},
+     "n_experiences 100000: 100,000 interactions make at most 50,000 time periods"),
+    ({"name": "movielens1m_seqrec", "args": {"n_experiences": 600000}}, "1,000,209 interactions make at most"),
+    ({"name": "movielens_seqrec", "args": {"max_len": 0}}, "n_experiences and max_len must be positive"),
+    ({"name": "games_seqrec", "args": {"max_len": 0}}, "n_experiences and max_len must be positive"),
+])
+def test_a_scenario_argument_it_would_refuse_when_built_is_refused_at_load(scenario, expected):
+    strategy = "seqrec" if "seqrec" in scenario["name"] else "naive"
+    message = _refused([scenario], [strategy])
+    assert message.startswith(f"s.yaml: scenarios[0] ({scenario['name']}): args") and expected in message, message
+
+
+def test_the_sequence_scenarios_refuse_in_python_what_the_loader_refuses():
+    from clbench.scenarios.movielens import check_sequence_args
+
+    for args in ({"n_experiences": 50_001}, {"holdout": "train"}, {"max_len": 0}):
+        with pytest.raises(ValueError):
+            SCENARIOS.get("movielens_seqrec")(**args)
+        with pytest.raises(ValueError):
+            check_sequence_args(interactions=100_000, **args)
+    check_sequence_args(interactions=100_000, n_experiences=50_000)
+    with pytest.raises(ValueError, match="one experience only"):
+        SCENARIOS.get("games_seqrec")(n_experiences=2)
+
+
+# ------------------------------------------------------------------------------------ settings that change nothing
+def test_dp_gamma_is_refused_unless_clipping_is_automatic():
+    message = _refused(["split_digits"], [{"name": "naive", "dp": {"epsilon": 3.0, "clip": 1.0, "gamma": 0.5}}])
+    assert message == ("s.yaml: strategies[0] (naive).dp[0].args.gamma is used only with clipping: automatic (this "
+                       "entry's clipping is 'flat'), so it would change nothing; remove it or set clipping.")
+    assert "this entry's clipping is 'flat'" in _refused(
+        ["split_digits"], [{"name": "naive", "dp": {"epsilon": 3.0, "clipping": "flat", "gamma": 0.5}}])
+    _parse(["split_digits"], [{"name": "naive", "dp": {"epsilon": 3.0, "clipping": "automatic", "gamma": 0.5}}])
+
+
+@pytest.mark.parametrize("batches", [-1, 0])
+def test_hook_trace_batches_below_one_are_refused(batches):
+    message = _refused(["split_digits"], [{"name": "naive", "callbacks": [{"name": "hook_trace",
+                                                                          "args": {"batches": batches}}]}])
+    assert message == (f"s.yaml: strategies[0] (naive).callbacks[0].args.batches: {batches} is out of range: batches "
+                       f"must be >= 1")
+    _parse(["split_digits"], [{"name": "naive", "callbacks": [{"name": "hook_trace", "args": {"batches": 1}}]}])
+
+
+def test_parameter_declarations_read_annotated_ranges_and_declarations():
+    def factory(*, a: Annotated[int, typecheck.AT_LEAST_1] = 1, b: int = 0,
+                c: Annotated[str, typecheck.Declared(choices=("x", "y"))] = "x") -> None: ...
+
+    declared = typecheck.parameter_declarations(factory)
+    assert declared == {"a": typecheck.Declared(within=typecheck.AT_LEAST_1),
+                        "c": typecheck.Declared(choices=("x", "y"))}
+    with pytest.raises(typecheck.TypeMismatch, match="c: unknown c 'z'"):
+        typecheck.check_values({"c": "z"}, {"c": str}, declared=declared)
+    assert typecheck.check_values({"b": -3}, {"b": int}, declared=declared) == {"b": -3}   # generic rule only
+
+
+# ------------------------------------------------------------------------------- refused before the heavy imports
+MALFORMED = {
+    "duplicated key": "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: {epochs: 1, "
+                      "epochs: 3}}\n",
+    "unknown key": "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, lable: r}\n",
+    "unknown strategy": "suite: x\nscenarios: [split_digits]\nstrategies: [replai]\n",
+    "unknown scenario": "suite: x\nscenarios: [split_digitz]\nstrategies: [naive]\n",
+    "unknown callback": "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: naive, callbacks: [hook]}\n",
+    "dp not a mapping": "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: naive, dp: 3}\n",
+    "entry twice": "suite: x\nscenarios: [split_digits]\nstrategies: [naive, naive]\n",
+    "bad label": "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: naive, label: a/b}\n",
+    "bad seeds": "suite: x\nseeds: [-1]\nscenarios: [split_digits]\nstrategies: [naive]\n",
+    "not yaml": "suite: [x\n",
+    "deep": "suite: x\nscenarios: " + "[" * 60 + "]" * 60 + "\n",
+}
+
+
+def test_a_malformed_suite_is_refused_without_importing_torch_avalanche_or_a_plugin_module(tmp_path):
+    """Each malformed file: one error line, exit code 2, and neither torch, Avalanche nor a strategy or scenario
+    module imported (the refusal costs no import; benchmarks/refusal_time.py measures it)."""
+    paths = []
+    for name, text in MALFORMED.items():
+        paths.append(tmp_path / f"{name.replace(' ', '_')}.yaml")
+        paths[-1].write_text(text)
+    code = ("import contextlib, io, json, sys\nfrom clbench.cli import main\nout = []\n"
+            "for path in sys.argv[1:]:\n    err = io.StringIO()\n"
+            "    with contextlib.redirect_stderr(err):\n"
+            "        code = main(['--suite', path, '--out', path + '.out', '--quiet'])\n"
+            "    out.append([code, err.getvalue()])\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'avalanche') or "
+            "m.startswith(('clbench.strategies.', 'clbench.scenarios.', 'clbench.models.')))\n"
+            "print(json.dumps([out, heavy]))")
+    done = subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True, text=True, cwd=ROOT)
+    results, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    for path, (code, err) in zip(paths, results):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {path}"), (path.name, err)
+    assert heavy == [], heavy
+
+
+def test_the_suite_files_refusal_benchmark_runs(tmp_path):
+    done = subprocess.run([sys.executable, "benchmarks/refusal_time.py", "--repeat", "1"], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "duplicated key" in done.stdout and "error:" not in done.stdout
+
