@@ -1,8 +1,8 @@
 """`make mutation`: mutation testing of the core that decides numbers and settings, one mutmut run per group.
 
-Usage: ``python tests/mutation_report.py [GROUP ...] [--survivors] [--collect]``. The groups and their tests are
-``[tool.clbench.mutation]`` in pyproject.toml (``mutate``: files; ``tests``: pytest arguments: the fast tests that
-matter for those files); the other mutmut settings come from ``[tool.mutmut]``. Each group runs in a fresh copy of
+Usage: ``python tests/mutation_report.py [GROUP ...] [--survivors] [--collect] [--help]``. The groups and their tests
+are ``[tool.clbench.mutation]`` in pyproject.toml (``mutate``: files; ``tests``: pytest arguments: the fast tests
+that matter for those files); the other mutmut settings come from ``[tool.mutmut]``. Each group runs in a fresh copy of
 the committed tree (``git archive HEAD``: the scores name a commit; commit first) under ``build/mutation/<group>/``
 (mutmut keeps stale unmutated modules in its ``mutants/`` copy, and a fresh copy keeps one group's run from reading
 another's), niced, one mutant at a time (``--max-children 1``).
@@ -78,6 +78,9 @@ def summary_row(group: str, found: dict[str, str], seconds: float) -> tuple[str,
 
 
 def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
     show, collect = "--survivors" in argv, "--collect" in argv
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     groups: dict[str, dict] = config["tool"]["clbench"]["mutation"]
