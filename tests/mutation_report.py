@@ -28,7 +28,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "mutation"
-COPIED = ("clbench", "tests", "README.md", "docs", "run_bench.py")
+COPIED = ("clbench", "strategies", "scenarios", "tests", "README.md", "docs", "run_bench.py")
+MAPPED = ("strategies", "scenarios")
+"""Folders the installation maps below ``clbench`` (``clbench.strategies``...): moved there in a group's copy, so
+that its code is one source tree (an editable install would import them from the checkout, which
+:func:`clbench.fingerprint.check_one_tree` refuses)."""
 KILLED = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout"}
 STATUS = {0: "survived", 5: "no tests", 33: "no tests", None: "not checked"}
 
@@ -46,6 +50,8 @@ def prepare(group: str, spec: dict, base: dict, pytest_ini: dict) -> Path:
     work.mkdir(parents=True)
     archive = subprocess.run(["git", "archive", "HEAD", *COPIED], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    for folder in MAPPED:
+        (work / folder).rename(work / "clbench" / folder)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     (work / "COMMIT").write_text(commit)
