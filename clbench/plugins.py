@@ -41,7 +41,7 @@ import logging
 import os
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +58,7 @@ VARIABLES = {"STRATEGIES": "strategy", "SCENARIOS": "scenario", "MODELS": "model
 """The plugin registries by the variable a module registers through (``STRATEGIES.register("x")``) -> their kind;
 :func:`scan` recognizes a registration by this name, also when imported under another one."""
 KINDS = tuple(VARIABLES.values())
-UNSUMMARIZED = frozenset({"strategy"})      # a strategy's summary names its presets: known only after importing it
+UNSUMMARIZED = frozenset({"strategy"})      # a strategy's summary names its presets: read only from a literal PRESETS
 
 
 class PluginError(ImportError):
@@ -386,8 +386,9 @@ def scan(source: bytes) -> tuple[dict[str, dict[str, str]], set[str]]:
     """The plugin registrations in a module's code, without running it: ``({kind: {name: summary}}, kinds)`` where
     ``kinds`` are registered with a computed name (``STRATEGIES.register(method + suffix)``). Registries are
     recognized by their variable name (:data:`VARIABLES`), also when imported under another name. A summary is the
-    decorated definition's first docstring line or a command's help string ('' for strategies, whose summary names
-    their presets, and where none is written: ``clbench list`` then imports the module)."""
+    decorated definition's first docstring line or a command's help string; a strategy's names its presets too
+    (:func:`strategy_summary`), read from the class's own docstring and literal ``PRESETS = {...}``. Where that is not
+    written so, the summary is '' and ``clbench list`` imports the module."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -397,10 +398,15 @@ def scan(source: bytes) -> tuple[dict[str, dict[str, str]], set[str]]:
         if isinstance(node, ast.ImportFrom):
             names.update({alias.asname: alias.name for alias in node.names
                           if alias.name in VARIABLES and alias.asname})
-    summaries = {}          # register call -> one line readable without importing (not for strategies: presets)
+    summaries = {}          # register call -> one line readable without importing
+    with_presets = {}       # the same for a strategy: the line and its presets, where both are written
     for node in ast.walk(tree):
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
-            summaries.update({id(d): (ast.get_docstring(node) or "").split("\n")[0] for d in node.decorator_list})
+            line = (ast.get_docstring(node) or "").split("\n")[0]
+            summaries.update({id(d): line for d in node.decorator_list})
+            presets = _literal_presets(node) if isinstance(node, ast.ClassDef) and line else None
+            if presets is not None:
+                with_presets.update({id(d): strategy_summary(line, presets) for d in node.decorator_list})
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Call) and node.args and \
                 isinstance(node.args[0], ast.Call) and node.args[0].args and \
                 isinstance(node.args[0].args[0], ast.Constant) and isinstance(node.args[0].args[0].value, str):
@@ -417,11 +423,29 @@ def scan(source: bytes) -> tuple[dict[str, dict[str, str]], set[str]]:
             continue
         kind = VARIABLES[variable]
         if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-            summary = summaries.get(id(node), "") if kind not in UNSUMMARIZED else ""
+            summary = (with_presets if kind in UNSUMMARIZED else summaries).get(id(node), "")
             declared.setdefault(kind, {})[node.args[0].value] = summary
         else:
             dynamic.add(kind)
     return declared, dynamic
+
+
+def strategy_summary(first_line: str, presets: Iterable[str]) -> str:
+    """A strategy's line in ``clbench list``: its docstring's first line and its presets."""
+    return f"{first_line} (presets: {', '.join(presets) or 'none'})"
+
+
+def _literal_presets(node: ast.ClassDef) -> list[str] | None:
+    """The keys of the class body's own ``PRESETS = {"cpu": ..., ...}`` (None when it is not a literal with string
+    keys, or not in the body: inherited presets are known only after importing)."""
+    for statement in node.body:
+        target = statement.targets[0] if isinstance(statement, ast.Assign) and len(statement.targets) == 1 else \
+            statement.target if isinstance(statement, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id == "PRESETS":
+            keys = statement.value.keys if isinstance(statement.value, ast.Dict) else [None]
+            return [k.value for k in keys] if all(isinstance(k, ast.Constant) and isinstance(k.value, str)
+                                                  for k in keys) else None
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------------- index
@@ -460,4 +484,4 @@ def write_index(path: Path = INDEX_FILE) -> None:
 __all__ = ["ENTRY_POINT_GROUP", "ENV", "FAILED_NAMES", "INDEX_FILE", "KINDS", "UNAVAILABLE", "VARIABLES",
            "PluginError", "Source", "build_index", "cache_file", "declared", "failure", "holder", "import_plugin",
            "load_declaring", "load_dynamic", "load_plugin", "load_plugins", "module_declaring", "registering", "scan",
-           "shipped_modules", "sources", "track", "write_index"]
+           "shipped_modules", "sources", "strategy_summary", "track", "write_index"]

@@ -147,7 +147,7 @@ class Registry(Generic[T]):
 
 
 def _describe_strategy(cls: type) -> str:
-    return f"{first_line(cls)} (presets: {', '.join(getattr(cls, 'PRESETS', {})) or 'none'})"
+    return discovery.strategy_summary(first_line(cls), getattr(cls, "PRESETS", {}))
 
 
 STRATEGIES: Registry = Registry("strategy", validate="clbench.protocol:check_strategy", describe=_describe_strategy,

@@ -47,35 +47,44 @@ LIST_IMPORTS = ("import contextlib, sys\nfrom clbench.cli import main\nwith cont
                 "('torch', 'avalanche', 'numpy', 'clbench_example_plugin')))")
 
 
-def test_list_reads_an_installed_plugin_from_its_cached_index_and_imports_nothing_heavy(venv):
-    """The first ``list`` imports the plugin's modules (its strategy's summary names its presets) and caches what
-    they register per distribution and version; the next one imports neither them nor torch. Editing the installed
-    module (same version) invalidates its entry: it is imported again."""
+CACHED = ("from clbench.plugins import sources\n"
+          "print(sorted(s.module for s in sources() if s.cached))")
+
+
+def _python(venv, code: str) -> list[str]:
+    python, base = venv
+    done = subprocess.run([str(python), "-c", code], cwd=base, capture_output=True, text=True,
+                          env={**ENV, "XDG_CACHE_HOME": str(base / "cache")})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_list_shows_an_installed_plugin_without_importing_it_and_caches_its_index(venv):
+    """``list`` reads the plugin's names and summaries from its code (the strategy's literal PRESETS included):
+    neither the plugin's modules nor torch are imported. Once a module is imported (``list --check`` here, a run
+    otherwise), what it registered is cached per distribution and version and read from there; editing the installed
+    module (same version) makes its entry stale."""
     python, base = venv
     index = base / "cache" / "clbench" / "plugin_index"
     shutil.rmtree(index, ignore_errors=True)
-    lines = []
-    for _ in range(2):
-        done = subprocess.run([str(python), "-c", LIST_IMPORTS], cwd=base, capture_output=True, text=True,
-                              env={**ENV, "XDG_CACHE_HOME": str(base / "cache")})
-        assert done.returncode == 0, done.stderr
-        lines.append(done.stdout.splitlines())
-    described = [[line for line in run if "nearest_mean" in line] for run in lines]
-    assert described[0] == described[1] and "example plugin" in described[1][0] and "presets: cpu, full" in \
-        described[1][0]
-    assert "clbench_example_plugin.strategy" in lines[0][-1]
-    assert lines[1][-1] == "['clbench_example_plugin']"         # the package's docstring-only __init__ (find_spec)
+    listed = _python(venv, LIST_IMPORTS)
+    assert listed[-1] == "['clbench_example_plugin']"             # the package's docstring-only __init__ (find_spec)
+    (line,) = [line for line in listed if line.split()[:1] == ["nearest_mean"]]
+    assert "example plugin" in line and line.endswith("(presets: cpu, full)")
+    assert _python(venv, CACHED)[-1] == "[]"
+
+    assert _clbench(venv, "list", "--check").returncode == 0                 # imports every plugin module
     (cache,) = index.glob("clbench?example?plugin-0.1.0.json")         # one file per distribution and version
-    # the module that was imported; the scenario's summary is its docstring, read from its code without importing it
-    assert json.loads(cache.read_text())["modules"]["clbench_example_plugin.strategy"]["entries"] == {
-        "strategy": {"nearest_mean": described[1][0].split(None, 1)[1]}}
-    module = Path(subprocess.run([str(python), "-c", "import importlib.util as u; "
-                                  "print(u.find_spec('clbench_example_plugin.strategy').origin)"],
-                                 capture_output=True, text=True, env=ENV).stdout.strip())
+    modules = json.loads(cache.read_text())["modules"]
+    summary = line.split(None, 1)[1]
+    assert modules["clbench_example_plugin.strategy"]["entries"] == {"strategy": {"nearest_mean": summary}}
+    assert set(modules["clbench_example_plugin.scenario"]["entries"]["scenario"]) == {"rings"}
+    both = "['clbench_example_plugin.scenario', 'clbench_example_plugin.strategy']"
+    assert _python(venv, CACHED)[-1] == both and _python(venv, LIST_IMPORTS)[-1] == "['clbench_example_plugin']"
+    module = Path(_python(venv, "import importlib.util as u\n"
+                               "print(u.find_spec('clbench_example_plugin.strategy').origin)")[-1])
     module.write_text(module.read_text() + "\n# edited in place\n")
-    again = subprocess.run([str(python), "-c", LIST_IMPORTS], cwd=base, capture_output=True, text=True,
-                           env={**ENV, "XDG_CACHE_HOME": str(base / "cache")})
-    assert "clbench_example_plugin.strategy" in again.stdout.splitlines()[-1]
+    assert _python(venv, CACHED)[-1] == "['clbench_example_plugin.scenario']"
 
 
 def test_installed_plugin_is_listed_and_runs_in_a_suite(venv):
