@@ -26,7 +26,7 @@ from clbench.typecheck import brief
 def build_config(strategy_name: str, preset: str | None = None, overrides: dict | None = None,
                  where: str = "") -> Any:
     """Instantiate ``STRATEGIES.get(strategy_name).Config`` from its defaults, then ``PRESETS[preset]``, then
-    ``overrides``, each value checked against the field's annotation and range (see :func:`checked_overrides`).
+    ``overrides``, each value checked against the field's annotation and range (see :func:`checked_config`).
     Unknown fields and presets, wrong types and values raise :class:`ConfigError`."""
     where = where or f"strategy {strategy_name!r}"
     config_cls, values, checked = _resolve(strategy_name, preset, overrides or {}, where)
@@ -35,14 +35,10 @@ def build_config(strategy_name: str, preset: str | None = None, overrides: dict 
     return config
 
 
-def checked_overrides(strategy_name: str, preset: str | None, overrides: dict, where: str) -> dict:
-    """``overrides`` coerced to the types of the strategy's ``Config`` fields (``lr: "1e-3"`` -> ``0.001``),
-    after checking that the whole configuration builds; raises :class:`ConfigError` naming ``where`` and the key."""
-    return checked_config(strategy_name, preset, overrides, where)[0]
-
-
 def checked_config(strategy_name: str, preset: str | None, overrides: dict, where: str) -> tuple[dict, Any]:
-    """``(checked overrides, the Config they build)``: :func:`checked_overrides` and the configuration itself."""
+    """``(checked overrides, the Config they build)``: ``overrides`` coerced to the types of the strategy's
+    ``Config`` fields (``lr: "1e-3"`` -> ``0.001``) once the whole configuration builds; raises
+    :class:`ConfigError` naming ``where`` and the key."""
     config_cls, values, checked = _resolve(strategy_name, preset, overrides, where)
     config = _instantiate(config_cls, values, where)
     _check_used(where, config, checked)

@@ -230,3 +230,102 @@ def test_the_suite_files_refusal_benchmark_runs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "duplicated key" in done.stdout and "error:" not in done.stdout
 
+
+
+# ------------------------------------------------------------------ the loader's building blocks (mutation testing)
+@pytest.mark.parametrize(("allowed", "text"), [
+    (typecheck.Range(), "any finite number"), (typecheck.Range(high=2), "<= 2"),
+    (typecheck.Range(high=2, open_high=True), "< 2"), (typecheck.Range(1), ">= 1"),
+    (typecheck.Range(0, open_low=True), "> 0"), (typecheck.Range(0, 1), "in [0, 1]"),
+    (typecheck.Range(0, 1, open_low=True, open_high=True), "in (0, 1)"),
+    (typecheck.Range(0, 1, open_high=True), "in [0, 1)"), (typecheck.Range(0.5, 1e6, open_low=True), "in (0.5, 1e+06]"),
+])
+def test_a_range_reads_as_the_interval_it_checks(allowed, text):
+    assert str(allowed) == text
+
+
+@pytest.mark.parametrize(("value", "tp", "expected"), [
+    ([1, "2"], tuple, (1, "2")),
+    ([1, "2"], tuple[int, ...], (1, 2)),
+    ([1, 2.0], tuple[int, int], (1, 2)),
+    ([], tuple[int, ...], ()),
+    ([1, "x"], list, [1, "x"]),
+])
+def test_tuples_and_lists_are_coerced_item_by_item(value, tp, expected):
+    out = typecheck.coerce(value, tp, "k")
+    assert out == expected and type(out) is type(expected)
+
+
+@pytest.mark.parametrize(("value", "tp", "message"), [
+    ([1, 2, 3], tuple[int, int], "k: expected 2 items, got 3: [1, 2, 3]"),
+    ([1], tuple[int, int], "k: expected 2 items, got 1: [1]"),
+    ([1, 1.5], tuple[int, ...], "k[1]: expected an int, got 1.5"),
+])
+def test_a_tuple_of_the_wrong_length_or_items_is_refused_naming_the_item(value, tp, message):
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(value, tp, "k")
+    assert str(info.value) == message
+
+
+def test_setting_makes_a_dataclass_field_with_its_declaration():
+    import dataclasses
+
+    need = typecheck.only_with("mode", "a")
+
+    @dataclasses.dataclass
+    class Config:
+        mode: str = "b"
+        size: int = typecheck.setting(3, within=typecheck.AT_LEAST_1, at_most="train_samples")
+        tags: list = typecheck.setting(default_factory=lambda: ["x"], choices=("x", "y"), only_with=need)
+
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    assert Config() == Config("b", 3, ["x"]) and Config().tags is not Config().tags
+    assert fields["size"].metadata["clbench"] == typecheck.Declared(typecheck.AT_LEAST_1, None, None, "train_samples")
+    assert fields["tags"].metadata["clbench"] == typecheck.Declared(None, ("x", "y"), need, None)
+    declared = typecheck.declarations(Config)
+    assert declared["mode"] is typecheck.NOTHING_DECLARED
+    assert declared["size"].bound_for("size") == "train_samples" and declared["tags"].bound_for("tags") is None
+    assert declared["mode"].bound_for("mem_size") == "train_samples"
+    assert need.test("a") and not need.test("b") and need.wanted == "a" and need.example == "a"
+
+
+def test_file_hash_is_the_files_sha256_and_follows_its_changes(tmp_path):
+    import hashlib
+
+    from clbench.config import file_hash
+
+    path = tmp_path / "w.pt"
+    assert file_hash(path) == "missing"
+    path.write_bytes(b"a" * 3_000_000)          # more than one block of the reader
+    assert file_hash(path) == hashlib.sha256(b"a" * 3_000_000).hexdigest()[:16]
+    assert file_hash(str(path)) == file_hash(path)
+    path.write_bytes(b"b")
+    assert file_hash(path) == hashlib.sha256(b"b").hexdigest()[:16]
+
+
+def test_name_limit_asks_the_nearest_existing_folder(tmp_path, monkeypatch):
+    import os
+
+    from clbench import names
+
+    asked = []
+    monkeypatch.setattr(os, "pathconf", lambda folder, name: asked.append((Path(folder), name)) or 77)
+    assert names.name_limit(tmp_path / "not" / "yet") == 77 and asked == [(tmp_path, "PC_NAME_MAX")]
+
+    def fails(folder, name):
+        raise OSError("no")
+
+    monkeypatch.setattr(os, "pathconf", fails)
+    assert names.name_limit(tmp_path) == names.NAME_LIMIT
+
+
+def test_file_names_longer_than_the_limit_with_their_suffixes_are_refused(tmp_path, monkeypatch):
+    from clbench import names
+
+    monkeypatch.setattr(names, "name_limit", lambda folder: 10)
+    names.check_file_names(tmp_path, ["a" * 7, "b" * 3], "run id", extra=3)
+    with pytest.raises(ConfigError) as info:
+        names.check_file_names(tmp_path, ["b" * 3, "é" * 4], "run id", extra=3)
+    assert str(info.value) == (f"run id 'éééé' (8 bytes, 3 more in the names of its files) is too long for a file "
+                               f"name in {tmp_path}, whose file system accepts at most 10 bytes; shorten the labels "
+                               f"or seeds that make it.")
