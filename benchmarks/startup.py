@@ -5,8 +5,9 @@ Prints, for each case, the wall time and the peak resident memory (``ru_maxrss``
 
 - ``clbench list`` in this environment (no plugin package installed);
 - ``clbench list`` in a fresh virtual environment with ``examples/clbench-example-plugin`` installed (it reuses this
-  environment's packages through a ``.pth`` line, as tests/test_example_plugin.py does): the first listing, which
-  imports the plugin's strategy module and caches its index (:func:`clbench.plugins.cache_file`), then the next one;
+  environment's packages through a ``.pth`` line, as tests/test_example_plugin.py does): the first listing (names and
+  summaries read from the plugin's code), ``list --check`` (imports every plugin module: their index is cached,
+  :func:`clbench.plugins.cache_file`), and a listing after it;
 - a one-run suite, from the process start to its first training batch (the first ``on_batch_start``, where the
   process exits): TAFT on split_digits (the quick suite's row; the scenario builds an Avalanche benchmark, and
   ``avalanche.benchmarks`` imports ``avalanche.training`` itself) and the sequence model on MovieLens-100k (the
@@ -105,9 +106,11 @@ def main() -> None:
         rows = [("clbench list (no plugin package)",
                  best(repeat, lambda: measure([sys.executable, "-m", "clbench", "list"], env, base)))]
         python = plugin_venv(base)
-        rows.append(("clbench list, example plugin installed, first (imports it, caches its index)",
+        rows.append(("clbench list, example plugin installed, first listing (read from its code)",
                      measure([str(python), "-m", "clbench", "list"], env, base)))
-        rows.append(("clbench list, example plugin installed, cached",
+        rows.append(("clbench list --check, example plugin installed (imports every plugin module, caches its index)",
+                     measure([str(python), "-m", "clbench", "list", "--check"], env, base)))
+        rows.append(("clbench list, example plugin installed, index cached",
                      best(repeat, lambda: measure([str(python), "-m", "clbench", "list"], env, base))))
         rows.append(("python -c 'import torch' (for scale)",
                      best(repeat, lambda: measure([sys.executable, "-c", "import torch"], env, base))))
