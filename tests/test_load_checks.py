@@ -329,3 +329,33 @@ def test_file_names_longer_than_the_limit_with_their_suffixes_are_refused(tmp_pa
     assert str(info.value) == (f"run id 'éééé' (8 bytes, 3 more in the names of its files) is too long for a file "
                                f"name in {tmp_path}, whose file system accepts at most 10 bytes; shorten the labels "
                                f"or seeds that make it.")
+
+
+def test_only_with_reads_a_boolean_as_yaml_writes_it():
+    flag, mode = typecheck.only_with("flag", True), typecheck.only_with("mode", "Sgd")
+    assert (flag.other, flag.wanted, flag.example) == ("flag", "true", True) and flag.test(True) and not flag.test(1.5)
+    assert (mode.wanted, mode.example) == ("Sgd", "Sgd") and mode.test("Sgd") and not mode.test("sgd")
+
+
+def factory_with_a_dependent_argument(*, a: Annotated[int, typecheck.Declared(only_with=typecheck.only_with("b", 1))]
+                                      = 0, **others) -> None:
+    """``a`` is used only with ``b: 1``, which is not a parameter (it arrives through ``**others``)."""
+
+
+def test_an_argument_used_only_with_one_that_is_not_given_is_refused():
+    declared = typecheck.parameter_declarations(factory_with_a_dependent_argument)
+    with pytest.raises(ConfigError) as info:
+        suite_file._check_used_args("w", factory_with_a_dependent_argument, {"a": 1}, declared)
+    assert str(info.value) == ("w.args.a is used only with b: 1 (this entry's b is None), so it would change nothing; "
+                               "remove it or set b.")
+    suite_file._check_used_args("w", factory_with_a_dependent_argument, {"a": 1, "b": 1}, declared)
+    suite_file._check_used_args("w", factory_with_a_dependent_argument, {"b": 2}, declared)
+
+
+def test_installed_looks_a_module_up_without_importing_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "clbench_test_blocked", None)
+    assert not suite_file._installed("clbench_test_blocked")
+    assert suite_file._installed("json") and suite_file._installed("yaml")
+    assert not suite_file._installed("clbench_no_such_module")
+    assert not suite_file._installed("clbench_no_such_module.child")     # find_spec raises: its parent is missing
+    assert "clbench_no_such_module" not in sys.modules
