@@ -136,7 +136,12 @@ def test_ctrl_c_cancels_pending_and_running_tasks_keeps_finished_records_and_res
 
 def test_resource_flags_reach_the_task_options(ray_cluster, tiny_suite, tmp_path, monkeypatch):
     made = []
-    monkeypatch.setattr(RayExecutor, "run_all", lambda self, specs, out: made.append(self) or [])
+    def run_all(self, specs, out):                         # no run: the folder a real executor creates, no records
+        made.append(self)
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+        return []
+
+    monkeypatch.setattr(RayExecutor, "run_all", run_all)
     suite = tiny_suite([{"name": "test_increasing_logits"}])
     assert main(["--suite", str(suite), "--out", str(tmp_path / "o"), "--quiet", "--quiet-table", "--executor",
                  "ray", "--gpus-per-run", "0.5", "--cpus-per-run", "2", "--retries", "3"]) == 0
