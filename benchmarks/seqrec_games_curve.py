@@ -1,7 +1,12 @@
 """NDCG@10 / HIT@10 on Amazon Games after every epoch of seqrec runs (non-private or private) and most_popular's, to
 size the games presets (docs/seqrec.md). One torch thread; one JSON line per event (seconds per epoch included).
 
-    CLBENCH_DATA=<root> python benchmarks/seqrec_games_curve.py "LABEL,field=value,...,dp_epsilon=8" ...
+    CLBENCH_DATA=<root> python benchmarks/seqrec_games_curve.py [--holdout valid|test] \
+        "LABEL,field=value,...,dp_epsilon=8" ...
+
+``--holdout valid`` (the default): each user's second-to-last item is scored and the last is never read, so a budget
+chosen on this curve is chosen on a validation split (issue 33: the test data is read once, at the end); ``test``
+scores the last item (what the curves in docs/seqrec.md before 2026-11-27 used).
 
 ``field=value``: :class:`SeqRecConfig` fields (epochs, batch_size, lr, warmup, loss_positions, ...); ``dp_<arg>``:
 the ``dp`` callback's arguments (epsilon, clip, clipping). A mid-run epoch is evaluated with the model as it is then:
@@ -10,10 +15,10 @@ under a warm-up/decay schedule that is not the model a shorter run would end wit
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
-import sys
 import time
 import typing
 
@@ -73,17 +78,21 @@ def parse(spec: str) -> tuple[str, dict, dict]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--holdout", choices=("valid", "test"), default="valid")
+    parser.add_argument("runs", nargs="+", help='"LABEL,field=value,...,dp_epsilon=8"')
+    args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.time()
-    scenario = games_seqrec(max_len=50, windows="last")
+    scenario = games_seqrec(max_len=50, windows="last", holdout=args.holdout)
     train = scenario.train_stream[0]
-    log(event="data", seconds=round(time.time() - start, 1), n_train=len(train.dataset),
+    log(event="data", holdout=args.holdout, seconds=round(time.time() - start, 1), n_train=len(train.dataset),
         n_test=len(scenario.test_stream[0].dataset))
     popular = MostPopular(scenario.info, DEVICE, MostPopularConfig())
     popular.train(train)
     ndcg, hit, _ = evaluate(scenario, popular)
     log(event="most_popular", ndcg=round(ndcg, 5), hit=round(hit, 5))
-    for spec in sys.argv[1:]:
+    for spec in args.runs:
         label, config, dp = parse(spec)
         torch.manual_seed(0)
         strategy = SequentialRecommender(scenario.info, DEVICE, SeqRecConfig(**config))
