@@ -56,13 +56,20 @@ def _sizes(*, n_experiences: int = 5, class_order: str = "fixed", test_fraction:
     against when it loads (:data:`clbench.typecheck.SCENARIO_SIZES`)."""
     target = load_digits().target
     train = train_test_split(target, test_size=test_fraction, random_state=0, stratify=target)[0]
-    counts = np.bincount(train, minlength=10)
-    steps = increments_for(10, n_experiences)
-    if class_order == "fixed":
+    return stream_sizes(np.bincount(train, minlength=10), n_experiences, class_order == "fixed")
+
+
+def stream_sizes(counts, n_experiences: int, fixed_order: bool) -> dict[str, int]:
+    """``{train_samples, experience_samples}`` of a class-incremental stream over classes with ``counts`` training
+    samples each, in ``n_experiences`` steps: the smallest experience of the order 0, 1, ... (``fixed_order``), else
+    the smallest any class order can make (its fewest classes with the fewest samples)."""
+    counts = np.asarray(counts)
+    steps = increments_for(len(counts), n_experiences)
+    if fixed_order:
         smallest = min(int(c.sum()) for c in np.split(counts, np.cumsum(steps)[:-1]))
     else:
         smallest = int(np.sort(counts)[:min(steps)].sum())
-    return {"train_samples": len(train), "experience_samples": smallest}
+    return {"train_samples": int(counts.sum()), "experience_samples": smallest}
 
 
 split_digits.check_args = _check_args

@@ -22,6 +22,7 @@ from clbench.data.orders import resolve_class_order
 from clbench.data.tensors import image_class_incremental, prepared_tensors
 from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
+from clbench.scenarios.digits import stream_sizes
 from clbench.streams import experience_dataset, increments_for, wrap_benchmark
 
 # training-set pixel statistics in [0, 1] (computed from the official files: clbench.data.tensors.channel_stats)
@@ -54,6 +55,29 @@ def split_fmnist(*, seed: int = 0, n_experiences: int = 5, class_order: str = "f
     """Fashion-MNIST classes in ``n_experiences`` steps; ``class_order`` as for ``split_mnist``."""
     return _split("split_fmnist", data.FASHION_MNIST, FASHION_MNIST_STATS, seed=seed, n_experiences=n_experiences,
                   class_order=class_order, max_per_class=max_per_class, task_aware=task_aware, data_root=data_root)
+
+
+MNIST_TRAIN_PER_CLASS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949)   # the official 60,000
+FASHION_MNIST_TRAIN_PER_CLASS = (6000,) * 10
+
+
+def _check_split(*, n_experiences: int = 5, **_: object) -> None:
+    """The 10 classes split into ``n_experiences`` steps, checked when a suite loads."""
+    increments_for(10, n_experiences)
+
+
+def _sizes_of(per_class: tuple[int, ...]):
+    def sizes(*, n_experiences: int = 5, class_order: str = "fixed", max_per_class: int | None = None,
+              **_: object) -> dict[str, int]:
+        """Training samples of the stream and of its smallest experience, from the official class counts."""
+        counts = [min(c, max_per_class) if max_per_class else c for c in per_class]
+        return stream_sizes(counts, n_experiences, class_order == "fixed")
+    return sizes
+
+
+split_mnist.check_args = split_fmnist.check_args = _check_split
+split_mnist.sizes = _sizes_of(MNIST_TRAIN_PER_CLASS)
+split_fmnist.sizes = _sizes_of(FASHION_MNIST_TRAIN_PER_CLASS)
 
 
 @SCENARIOS.register("mnist_transfer")

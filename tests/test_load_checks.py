@@ -105,6 +105,19 @@ def test_split_digits_declares_the_sizes_it_builds(args):
         assert sizes["experience_samples"] == min(smallest)
 
 
+@pytest.mark.parametrize(("name", "args"), [("split_mnist", {}), ("split_fmnist", {"max_per_class": 700,
+                                                                                  "n_experiences": 2})])
+def test_split_mnist_and_fmnist_declare_the_sizes_they_build(name, args):
+    from clbench.data.errors import DatasetNotFound
+
+    try:
+        stream = SCENARIOS.get(name)(seed=0, **args).train_stream
+    except DatasetNotFound:
+        pytest.skip(f"{name}: its data are not here ($CLBENCH_DATA)")
+    lengths = [len(e.dataset) for e in stream]
+    assert SCENARIOS.get(name).sizes(**args) == {"train_samples": sum(lengths), "experience_samples": min(lengths)}
+
+
 def test_synthetic_declares_the_sizes_it_builds():
     args = {"n_classes": 6, "n_experiences": 2, "train_per_class": 7}
     lengths = [len(e.dataset) for e in SCENARIOS.get("synthetic")(seed=0, **args).train_stream]
@@ -125,6 +138,8 @@ def test_every_declared_size_bound_names_a_known_size():
                                                                 "test_fraction must be in (0, 1)"),
     ({"name": "split_digits", "args": {"test_fraction": 0.0}}, "test_fraction must be in (0, 1)"),
     ({"name": "synthetic", "args": {"n_experiences": 100000}}, "6 classes cannot be split into 100000 experiences"),
+    ({"name": "split_mnist", "args": {"n_experiences": 100000}}, "10 classes cannot be split into 100000"),
+    ({"name": "split_fmnist", "args": {"n_experiences": 3}}, "10 classes cannot be split into 3"),
     ({"name": "games_seqrec", "args": {"n_experiences": 2}}, "games_seqrec has one experience only"),
     ({"name": "movielens_seqrec", "args": {"holdout": "train"}}, "holdout must be one of ('test', 'valid')"),
     ({"name": "movielens1m_seqrec", "args": {"windows": "first"}}, "windows one of ('all', 'last')"),
