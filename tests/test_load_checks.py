@@ -306,6 +306,7 @@ def test_setting_makes_a_dataclass_field_with_its_declaration():
 
 def test_file_hash_is_the_files_sha256_and_follows_its_changes(tmp_path):
     import hashlib
+    import os
 
     from clbench.config import file_hash
 
@@ -316,6 +317,10 @@ def test_file_hash_is_the_files_sha256_and_follows_its_changes(tmp_path):
     assert file_hash(str(path)) == file_hash(path)
     path.write_bytes(b"b")
     assert file_hash(path) == hashlib.sha256(b"b").hexdigest()[:16]
+    other = tmp_path / "v.pt"                   # same size and time, other bytes: the cache is by path too
+    other.write_bytes(b"c")
+    os.utime(other, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    assert file_hash(other) == hashlib.sha256(b"c").hexdigest()[:16]
 
 
 def test_name_limit_asks_the_nearest_existing_folder(tmp_path, monkeypatch):
@@ -337,8 +342,9 @@ def test_name_limit_asks_the_nearest_existing_folder(tmp_path, monkeypatch):
 def test_file_names_longer_than_the_limit_with_their_suffixes_are_refused(tmp_path, monkeypatch):
     from clbench import names
 
-    monkeypatch.setattr(names, "name_limit", lambda folder: 10)
+    monkeypatch.setattr(names, "name_limit", lambda folder: 10 if folder == tmp_path else 0)
     names.check_file_names(tmp_path, ["a" * 7, "b" * 3], "run id", extra=3)
+    names.check_file_names(tmp_path, ["a" * 10], "run id")
     with pytest.raises(ConfigError) as info:
         names.check_file_names(tmp_path, ["b" * 3, "é" * 4], "run id", extra=3)
     assert str(info.value) == (f"run id 'éééé' (8 bytes, 3 more in the names of its files) is too long for a file "
