@@ -33,6 +33,13 @@ def test_checkpoint_round_trip_skips_other_heads(tmp_path, suffix):
     assert torch.equal(target.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
 
 
+def test_checkpoint_of_another_width_is_refused_naming_the_file(tmp_path):
+    """A backbone of another width: every tensor's shape differs, so skipping them would train from scratch."""
+    path = save_weights(MODELS.get("vit")(INFO, embed_dim=16, depth=1), tmp_path / "w16.safetensors")
+    with pytest.raises(ValueError, match=r"w16\.safetensors does not fit this model: .*backbone tensor"):
+        load_weights(MODELS.get("vit")(INFO, embed_dim=32, depth=1), path)
+
+
 def test_missing_checkpoint_says_how_to_make_one(tmp_path):
     with pytest.raises(FileNotFoundError, match="run_bench.py pretrain"):
         load_weights(MODELS.get("vit")(INFO, embed_dim=16, depth=1), tmp_path / "nope.safetensors")

@@ -39,13 +39,20 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_weights(model: nn.Module, path: str | Path, strict_backbone: bool = True) -> list[str]:
-    """Load matching tensors from ``path`` into ``model``; returns the names skipped because their shapes differ
-    (typically a classification head of another width). Missing backbone tensors raise when ``strict_backbone``."""
+    """Load matching tensors from ``path`` into ``model``; returns the names skipped because their shapes differ,
+    which may only be the classification head's (``head.*``: a head of another width). With ``strict_backbone``, a
+    backbone tensor that is missing or of another shape (a checkpoint of another width or depth) raises, naming the
+    file: skipping it would train that tensor from scratch while the run says ``init``."""
     state = read_state_dict(path)
     own = model.state_dict()
     skipped = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
     usable = {k: v for k, v in state.items() if k in own and k not in skipped}
     missing = [k for k in own if k not in usable and k not in skipped]
+    other_shape = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in skipped if not k.startswith("head")]
+    if strict_backbone and other_shape:
+        raise ValueError(f"checkpoint {path} does not fit this model: {len(other_shape)} backbone tensor(s) of another "
+                         f"shape, e.g. {other_shape[0]} (checkpoint vs model). Was it saved from a model of the same "
+                         f"width and depth?")
     if strict_backbone and [k for k in missing if not k.startswith("head")]:
         raise ValueError(f"checkpoint {path} does not fit this model: missing {missing[:5]}... "
                          f"Was it saved from a model of the same architecture?")
