@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated
 
@@ -380,3 +381,42 @@ def test_installed_looks_a_module_up_without_importing_it(monkeypatch):
     assert not suite_file._installed("clbench_no_such_module")
     assert not suite_file._installed("clbench_no_such_module.child")     # find_spec raises: its parent is missing
     assert "clbench_no_such_module" not in sys.modules
+
+
+def test_the_identity_holds_each_checkpoints_hash_under_its_dotted_field(tmp_path):
+    import dataclasses
+
+    from clbench.config import build_config, checkpoint_paths, file_hash
+    from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
+
+    (tmp_path / "w_synthetic.pt").write_bytes(b"weights")
+    init = str(tmp_path / "w_{scenario}.pt")
+    spec = RunSpec("s", ScenarioEntry("synthetic"), StrategyEntry("naive", {"init": init}, preset="cpu"), 0)
+    expected = {"init": file_hash(tmp_path / "w_synthetic.pt")}
+    assert spec.identity()["checkpoints"] == expected and len(expected["init"]) == 16
+    assert "checkpoints" not in dataclasses.replace(spec, strategy=StrategyEntry("naive", preset="cpu")).identity()
+    assert checkpoint_paths({"init": "", "model_args": {"init": init, "x": 1}, "lr": 0.1}, "syn") == {
+        "model_args.init": str(tmp_path / "w_syn.pt")}
+    given = build_config("naive", "cpu", {"lr": 0.5})        # the caller's Config is the one the identity holds
+    assert spec.identity(config=given)["strategy"]["resolved"]["lr"] == 0.5
+    assert spec.identity()["strategy"]["resolved"]["lr"] != 0.5
+
+
+@pytest.mark.parametrize(("tp", "value", "message"), [
+    (int, "x", "k: expected an int, got 'x'"),
+    (float, [], "k: expected a float, got []"),
+    (int | None, "x", "k: expected int or None, got 'x'"),
+    (type(None), 1, "k: expected None, got 1"),
+    (tuple[int, ...], 3, "k: expected a tuple[int, ...], got 3"),
+    (dict[str, int], 3, "k: expected a dict[str, int], got 3"),
+    (typing.Literal["a", "b"] | None, 3, "k: expected 'a' or 'b' or None, got 3"),
+])
+def test_a_value_of_the_wrong_type_is_refused_naming_the_type(tp, value, message):
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(value, tp, "k")
+    assert str(info.value) == message and info.value.key == "k"
+
+
+def test_in_a_union_the_member_a_container_already_has_wins():
+    out = typecheck.coerce([1], tuple[float, ...] | tuple[int, ...], "k")
+    assert out == (1,) and type(out[0]) is int
