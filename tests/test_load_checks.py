@@ -420,3 +420,26 @@ def test_a_value_of_the_wrong_type_is_refused_naming_the_type(tp, value, message
 def test_in_a_union_the_member_a_container_already_has_wins():
     out = typecheck.coerce([1], tuple[float, ...] | tuple[int, ...], "k")
     assert out == (1,) and type(out[0]) is int
+
+
+LAUGHS = "".join(f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]\n" for a, b in zip("abcde", "bcdef"))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("a: &a [*a]\n", "s.yaml: an anchor contains an alias to itself; a suite is a finite tree."),
+    ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + LAUGHS, "s.yaml: expands to more than 100,000 values through its "
+                                                          "anchors and aliases"),
+])
+def test_anchors_that_expand_into_themselves_or_past_the_limit_are_refused(tmp_path, text, expected):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        suite_file.read_yaml(path)
+    assert str(info.value).replace(f"{tmp_path}/", "").startswith(expected), str(info.value)
+
+
+def test_an_anchor_used_several_times_within_the_limit_reads_as_written(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("x: &x [1, 2, 3]\ny: [*x, *x, *x]\nz: &z {k: *x}\nw: [*z, *z]\n")
+    assert suite_file.read_yaml(path) == {"x": [1, 2, 3], "y": [[1, 2, 3]] * 3, "z": {"k": [1, 2, 3]},
+                                          "w": [{"k": [1, 2, 3]}] * 2}
