@@ -443,3 +443,27 @@ def test_an_anchor_used_several_times_within_the_limit_reads_as_written(tmp_path
     path.write_text("x: &x [1, 2, 3]\ny: [*x, *x, *x]\nz: &z {k: *x}\nw: [*z, *z]\n")
     assert suite_file.read_yaml(path) == {"x": [1, 2, 3], "y": [[1, 2, 3]] * 3, "z": {"k": [1, 2, 3]},
                                           "w": [{"k": [1, 2, 3]}] * 2}
+
+
+def test_read_yaml_refuses_what_is_not_a_suite_file_in_one_line_naming_it(tmp_path):
+    def refusal(path: Path) -> str:
+        with pytest.raises(ConfigError) as info:
+            suite_file.read_yaml(path)
+        return str(info.value)
+
+    limit = suite_file.MAX_SUITE_BYTES
+    path = tmp_path / "s.yaml"
+    path.write_text("#" * (limit - 1) + "\n")                     # a comment of exactly the limit: no document
+    assert suite_file.read_yaml(path) is None
+    path.write_text("#" * limit + "\n")
+    assert refusal(path) == (f"{path}: {limit + 1:,} bytes; a suite file is at most {limit:,} bytes (is it a suite "
+                             f".yaml?).")
+    path.write_bytes(b"suite: \xff\n")
+    assert refusal(path) == f"{path}: not a text file (byte 7 is not UTF-8); pass a suite .yaml file."
+    assert refusal(tmp_path) == f"{tmp_path}: cannot be read (Is a directory)."
+    path.write_text("suite: " + "[" * 51 + "]" * 51 + "\n")
+    assert refusal(path) == f"{path}: nested more than 50 levels deep (line 1); a suite nests a few levels."
+    path.write_text("? [a, b]\n: 1\n")                                 # a key that is a list: not a suite's
+    assert refusal(path).startswith(f"{path}: not valid YAML: while constructing a mapping")
+    path.write_text("")
+    assert suite_file.read_yaml(path) is None
