@@ -467,3 +467,63 @@ def test_read_yaml_refuses_what_is_not_a_suite_file_in_one_line_naming_it(tmp_pa
     assert refusal(path).startswith(f"{path}: not valid YAML: while constructing a mapping")
     path.write_text("")
     assert suite_file.read_yaml(path) is None
+
+
+# ------------------------------------------------------------------------------ the loader's refusals, word for word
+def test_a_setting_used_only_with_another_value_is_refused_naming_both():
+    assert _refused(["split_digits"], [{"name": "der", "args": {"momentum": 0.5, "optimizer": "adam"}}]) == (
+        "s.yaml: strategies[0] (der): args.momentum is used only with optimizer: sgd (this entry's optimizer is "
+        "'adam'), so it would change nothing; remove it or set optimizer.")
+    _parse(["split_digits"], [{"name": "der", "args": {"momentum": 0.5, "optimizer": "sgd"}}])
+    from clbench.config import build_config
+
+    with pytest.raises(ConfigError, match=r"^strategy 'der': args.momentum is used only with optimizer: sgd"):
+        build_config("der", None, {"momentum": 0.5, "optimizer": "adam"})
+
+
+def test_a_strategy_crossed_with_a_scenario_of_another_kind_is_refused():
+    assert _refused(["synthetic", "split_digits"], ["naive", "seqrec"]) == (
+        "s.yaml: strategies[1] (seqrec): it serves next_item scenarios, and scenarios[0] (synthetic) is a "
+        "classification scenario; every strategy of a suite runs on every scenario, so put them in separate suites.")
+
+
+def test_dp_refuses_a_rehearsal_memory_and_a_missing_opacus(monkeypatch):
+    lora = {"name": "lora", "preset": "cpu", "dp": {"epsilon": 3.0}}
+    _parse(["split_digits"], [lora])                                    # the entry's config reaches the check
+    assert _refused(["split_digits"], [{**lora, "args": {"mem_size": 10}}]) == (
+        "s.yaml: strategies[0] (lora): dp with a rehearsal memory (mem_size 10) is refused: replayed samples are "
+        "trained on in several experiences, so the per-experience epsilon would understate theirs; set mem_size: 0.")
+    monkeypatch.setattr(suite_file, "_installed", lambda module: module != "opacus")
+    assert _refused(["split_digits"], [lora]) == (
+        "s.yaml: strategies[0] (lora): dp needs opacus (its accountant calibrates the noise), which is not "
+        "installed: pip install 'clbench[dp]', or remove the dp entry.")
+
+
+def test_parse_callbacks_names_where_the_list_came_from():
+    with pytest.raises(ConfigError) as info:
+        suite_file.parse_callbacks("--callbacks", 3)
+    assert str(info.value).startswith("--callbacks: expected a list of entries")
+    with pytest.raises(ConfigError) as info:
+        suite_file.parse_callbacks("--callbacks", ["hook_trace", "hook_trac"])
+    assert str(info.value).startswith("--callbacks[1]: unknown callback 'hook_trac'. Did you mean 'hook_trace'?")
+    assert suite_file.parse_callbacks("--callbacks", [{"name": "hook_trace", "args": {"batches": "2"}}]) == (
+        {"name": "hook_trace", "args": {"batches": 2}},)
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("a: 1\nb: " + _nested(suite_file.MAX_SUITE_DEPTH), 2),                  # the mapping + 50 lists
+    ("a: [[[1]]]\nb:\n  - [[1], " + _nested(suite_file.MAX_SUITE_DEPTH - 2) + "]\n", 3),   # after closed siblings
+])
+def test_nesting_past_the_limit_is_refused_at_its_line_and_the_limit_itself_is_read(tmp_path, text, line):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        suite_file.read_yaml(path)
+    assert str(info.value) == (f"{path}: nested more than {suite_file.MAX_SUITE_DEPTH} levels deep (line {line}); a "
+                               f"suite nests a few levels.")
+    path.write_text("a: 1\nb: " + _nested(suite_file.MAX_SUITE_DEPTH - 1) + "\nc: [[1], [2], [[3]]]\n")
+    assert suite_file.read_yaml(path)["c"] == [[1], [2], [[3]]]
