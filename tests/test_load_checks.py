@@ -527,3 +527,28 @@ def test_nesting_past_the_limit_is_refused_at_its_line_and_the_limit_itself_is_r
                                f"suite nests a few levels.")
     path.write_text("a: 1\nb: " + _nested(suite_file.MAX_SUITE_DEPTH - 1) + "\nc: [[1], [2], [[3]]]\n")
     assert suite_file.read_yaml(path)["c"] == [[1], [2], [[3]]]
+
+
+def test_seeds_are_distinct_integers_up_to_numpys_limit():
+    from clbench.specs import MAX_SEED, check_seeds
+
+    check_seeds("w", [0, MAX_SEED])
+    for seeds in ([MAX_SEED + 1], [-1], [True], [], 3):
+        with pytest.raises(ConfigError, match=r"^w: 'seeds' must be a non-empty list of integers from 0 to 2\*\*32"):
+            check_seeds("w", seeds)
+    for seeds in ([3, 1, 3], [2, 2, 2]):
+        with pytest.raises(ConfigError) as info:
+            check_seeds("w", seeds)
+        assert str(info.value) == (f"w: seed {seeds[0]} appears twice in 'seeds'; each seed is one run, list it "
+                                   f"once.")
+
+
+def test_entry_lists_are_non_empty_and_their_names_short_strings():
+    assert _refused([], ["naive"]) == ("s.yaml: scenarios: expected a non-empty list of entries, each a mapping with "
+                                       "keys ('name', 'args', 'label').")
+    assert _refused(["split_digits"], [{"name": 3}]) == (
+        "s.yaml: strategies[0].name: expected a registered name (a string of at most 100 characters), got 3.")
+    long = "x" * (suite_file.MAX_NAME + 1)
+    assert _refused([long], ["naive"]).startswith("s.yaml: scenarios[0].name: expected a registered name (a string "
+                                                  "of at most 100 characters), got 'xxxx")
+    assert _refused(["x" * suite_file.MAX_NAME], ["naive"]).startswith("s.yaml: scenarios[0]: unknown scenario")
