@@ -28,27 +28,19 @@ from clbench.cli import main
 from clbench.errors import ConfigError
 from clbench.models.checkpoint import save_weights
 from clbench.suite_file import load_suite, parse_suite
+from tests._cli import one_error_line, run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = {"suite": "s", "seeds": [0], "scenarios": [{"name": "split_digits"}],
           "strategies": [{"name": "naive", "preset": "cpu"}]}
 
 
-def _run(suite, out, *extra):
-    return main(["--suite", str(suite), "--out", str(out), "--quiet", "--quiet-table", "--device", "cpu", *extra])
-
-
-def _one_error_line(capsys, *needles):
-    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("suite ")]
-    assert len(err) == 1 and err[0].startswith("error: ") and len(err[0]) < 600, err
-    assert all(n in err[0] for n in needles), err
-    return err[0]
 
 
 # ---------------------------------------------------------------------------------------------- counted twice
 def test_a_copied_record_counts_once_whatever_its_file_name_and_is_reported_by_path(tiny_suite, tmp_path, capsys):
     out = tmp_path / "out"
-    assert _run(tiny_suite([{"name": "test_increasing_logits", "args": {"extra": 2.0}}], seeds=(0, 1)), out) == 0
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits", "args": {"extra": 2.0}}], seeds=(0, 1)), out) == 0
     runs = out / "runs"
     original = runs / "synthetic__test_increasing_logits__s0.json"
     shutil.copy(original, runs / "synthetic__test_increasing_logits__s0 (copy).json")
@@ -79,9 +71,9 @@ def copied_results(tmp_path_factory):
                             "args": {"n_shards": n_shards, "epochs": 1, "model_args": vit}}]}))
         return path
 
-    assert _run(suite(3), root / "original") == 0
+    assert run_suite(suite(3), root / "original") == 0
     shutil.copytree(root / "original", root / "archive")
-    assert _run(suite(2), root / "original") == 0
+    assert run_suite(suite(2), root / "original") == 0
     return root
 
 
@@ -111,7 +103,7 @@ def test_forget_refuses_a_record_whose_state_belongs_to_another_run(copied_resul
     old_style.write_text(json.dumps(record))
     capsys.readouterr()
     assert main(["forget", "--run", str(old_style), "--touch", "1"]) == 2
-    _one_error_line(capsys, "written by another run", "--force")
+    one_error_line(capsys, "written by another run", "--force")
     assert not (copied_results / "old/removals").exists()
 
 
@@ -125,7 +117,7 @@ def test_forget_refuses_a_state_whose_strategy_file_was_swapped_for_another_run_
     shutil.copy(copied_results / "original" / state, swapped / state)
     capsys.readouterr()
     assert main(["forget", "--run", str(swapped / "runs/synthetic__taft_shards__s0.json"), "--touch", "1"]) == 2
-    _one_error_line(capsys, "strategy.pt differ from what the run saved", "--force")
+    one_error_line(capsys, "strategy.pt differ from what the run saved", "--force")
     assert not (swapped / "removals").exists()
 
 
@@ -151,7 +143,7 @@ def test_overwriting_an_init_checkpoint_makes_resume_run_again(tmp_path, capsys)
     suite.write_text(yaml.safe_dump({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu",
                                                               "args": {"init": str(checkpoint), "epochs": 1}}]}))
     out = tmp_path / "out"
-    assert _run(suite, out) == 0
+    assert run_suite(suite, out) == 0
     first = json.loads((out / "runs/split_digits__naive__s0.json").read_text())
     assert first["checkpoints"] == {"init": first["checkpoints"]["init"]} and len(first["checkpoints"]["init"]) == 16
     with torch.no_grad():
@@ -159,7 +151,7 @@ def test_overwriting_an_init_checkpoint_makes_resume_run_again(tmp_path, capsys)
             p.add_(0.5)
     save_weights(strategy.model.feature_extractor, checkpoint)           # another pretraining, same path
     capsys.readouterr()
-    assert _run(suite, out) == 0
+    assert run_suite(suite, out) == 0
     assert "1 made with another configuration" in capsys.readouterr().err
     second = json.loads((out / "runs/split_digits__naive__s0.json").read_text())
     assert second["checkpoints"] != first["checkpoints"]
@@ -178,7 +170,7 @@ def test_scenario_in_init_names_the_scenario_file_for_every_strategy(tmp_path):
     written = str(tmp_path / "w_{scenario}.pt")
     suite.write_text(yaml.safe_dump({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu",
                                                               "args": {"init": written, "epochs": 1}}]}))
-    assert _run(suite, tmp_path / "out") == 0
+    assert run_suite(suite, tmp_path / "out") == 0
     record = json.loads((tmp_path / "out/runs/split_digits__naive__s0.json").read_text())
     assert record["status"] == "finished"
     assert record["checkpoints"] == {"init": config.file_hash(tmp_path / "w_split_digits.pt")}
@@ -220,8 +212,8 @@ def test_a_missing_checkpoint_is_refused_before_the_first_run(tmp_path, capsys):
     suite = tmp_path / "s.yaml"
     suite.write_text(yaml.safe_dump({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu", "args": {
         "init": str(tmp_path / "none_{scenario}.pt")}}]}))
-    assert _run(suite, tmp_path / "out") == 2
-    _one_error_line(capsys, str(tmp_path / "none_split_digits.pt"), "naive (init) on split_digits", "pretrain")
+    assert run_suite(suite, tmp_path / "out") == 2
+    one_error_line(capsys, str(tmp_path / "none_split_digits.pt"), "naive (init) on split_digits", "pretrain")
     assert not list((tmp_path / "out").glob("runs/*.json"))
 
 
@@ -292,7 +284,7 @@ def test_sigterm_in_process_keeps_finished_records_and_says_how_to_resume(tiny_s
     monkeypatch.setattr(executors, "run", terminated_at_the_second_run)
     suite = tiny_suite([{"name": "test_increasing_logits"}], seeds=(0, 1))
     before = signal.getsignal(signal.SIGTERM)       # SIG_DFL, or e.g. Ray's when a Ray test ran in this process
-    assert _run(suite, tmp_path / "out") == 143
+    assert run_suite(suite, tmp_path / "out") == 143
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("interrupted (SIGTERM): 1 finished records are kept") and len(err) == 2, err
     assert len(list((tmp_path / "out/runs").glob("*.json"))) == 1
@@ -315,8 +307,8 @@ def test_a_full_disk_while_writing_a_record_is_one_line_and_leaves_no_temporary_
         return real_write(self, data, *args, **kwargs)
 
     monkeypatch.setattr(Path, "write_text", write_text)
-    assert _run(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
-    _one_error_line(capsys, "No space left on device", "free some space")
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
+    one_error_line(capsys, "No space left on device", "free some space")
     written = [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert not [n for n in written if n.endswith(".tmp")] and not list((tmp_path / "out/runs").iterdir()), written
 
@@ -325,8 +317,8 @@ def test_a_full_disk_while_plotting_is_one_line_and_keeps_the_records(tiny_suite
     from matplotlib.figure import Figure
 
     monkeypatch.setattr(Figure, "savefig", _disk_full)
-    assert _run(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
-    _one_error_line(capsys, "plots", "No space left on device")
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
+    one_error_line(capsys, "plots", "No space left on device")
     assert len(list((tmp_path / "out/runs").glob("*.json"))) == 1
     assert not [p for p in (tmp_path / "out").rglob("*.tmp")]
 
@@ -335,8 +327,8 @@ def test_a_full_disk_while_plotting_is_one_line_and_keeps_the_records(tiny_suite
 def test_a_binary_suite_file_is_one_line(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_bytes(bytes(range(256)) * 4)
-    assert _run(path, tmp_path / "out") == 2
-    _one_error_line(capsys, str(path), "not a text file")
+    assert run_suite(path, tmp_path / "out") == 2
+    one_error_line(capsys, str(path), "not a text file")
 
 
 def test_a_yaml_anchor_bomb_is_refused_quickly_in_one_short_line(tmp_path, capsys):
@@ -347,9 +339,9 @@ def test_a_yaml_anchor_bomb_is_refused_quickly_in_one_short_line(tmp_path, capsy
     path.write_text("\n".join(lines) + "\nsuite: s\nseeds: *a8\nscenarios: *a8\nstrategies: *a8\n")
     assert len(path.read_bytes()) < 2000
     start = time.monotonic()
-    assert _run(path, tmp_path / "out") == 2
+    assert run_suite(path, tmp_path / "out") == 2
     assert time.monotonic() - start < 5
-    _one_error_line(capsys, "bomb.yaml", "anchors")
+    one_error_line(capsys, "bomb.yaml", "anchors")
 
 
 def test_a_huge_value_is_cut_in_the_error_message():
@@ -392,10 +384,10 @@ def test_what_a_run_would_refuse_is_refused_when_the_suite_loads(mutate, message
 def test_seeds_given_on_the_command_line_are_checked_too(tmp_path, capsys):
     suite = tmp_path / "s.yaml"
     suite.write_text(yaml.safe_dump(DIGITS))
-    assert _run(suite, tmp_path / "out", "--seeds", "3", "3") == 2
-    _one_error_line(capsys, "seed 3 appears twice")
-    assert _run(suite, tmp_path / "out", "--seeds", str(2**32)) == 2
-    _one_error_line(capsys, "2**32")
+    assert run_suite(suite, tmp_path / "out", "--seeds", "3", "3") == 2
+    one_error_line(capsys, "seed 3 appears twice")
+    assert run_suite(suite, tmp_path / "out", "--seeds", str(2**32)) == 2
+    one_error_line(capsys, "2**32")
 
 
 def test_dp_without_opacus_is_refused_when_the_suite_loads(monkeypatch):

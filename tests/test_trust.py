@@ -18,14 +18,12 @@ from clbench.cli import main
 from clbench.errors import ConfigError
 from clbench.registry import SCENARIOS
 from clbench.suite_file import parse_suite
+from tests._cli import run_suite
 
 TINY_VIT = {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}
 GOOD = {"suite": "s", "seeds": [0], "scenarios": [{"name": "synthetic"}],
         "strategies": [{"name": "replay", "preset": "cpu", "args": {"mem_size": 50, "model": "mlp"}}]}
 
-
-def _run(suite, out, *extra):
-    return main(["--suite", str(suite), "--out", str(out), "--quiet", "--quiet-table", "--device", "cpu", *extra])
 
 
 # ------------------------------------------------------------------------------------------------------- mixing
@@ -36,7 +34,7 @@ def test_leaderboard_never_averages_records_of_different_configurations(tiny_sui
     for mem_size, seed in ((100, 0), (20, 1)):
         suite = tiny_suite([{"name": "replay", "preset": "cpu", "args": {"epochs": 1, "mem_size": mem_size}}],
                            seeds=(seed,))
-        assert _run(suite, out) == 0
+        assert run_suite(suite, out) == 0
     table = pd.read_csv(out / "leaderboard.csv")
     assert set(table["strategy"]) == {"replay [mem_size=20]", "replay [mem_size=100]"}
     assert (table["n_seeds"] == 1).all()
@@ -46,7 +44,7 @@ def test_leaderboard_never_averages_records_of_different_configurations(tiny_sui
 def test_resume_reruns_records_made_by_other_code_and_says_so(tiny_suite, tmp_path, capsys):
     out = tmp_path / "out"
     suite = tiny_suite([{"name": "test_increasing_logits"}], seeds=(0, 1))
-    assert _run(suite, out) == 0
+    assert run_suite(suite, out) == 0
     path = out / "runs" / "synthetic__test_increasing_logits__s0.json"
     record = json.loads(path.read_text())
     assert len(record["code_fingerprint"]) >= 12
@@ -54,16 +52,16 @@ def test_resume_reruns_records_made_by_other_code_and_says_so(tiny_suite, tmp_pa
     path.write_text(json.dumps(record))
     capsys.readouterr()
 
-    assert _run(suite, out) == 0                          # no -v: the resume line is printed anyway
+    assert run_suite(suite, out) == 0                          # no -v: the resume line is printed anyway
     err = capsys.readouterr().err
     assert "resuming: 1 of 2 runs already finished" in err and "1 made by other code" in err
     assert json.loads(path.read_text())["code_fingerprint"] != "0" * 12
 
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
-    assert _run(suite, out) == 0
+    assert run_suite(suite, out) == 0
     assert "resuming: 2 of 2 runs already finished" in capsys.readouterr().err
     assert stamps == {p: p.stat().st_mtime_ns for p in stamps}
-    assert _run(suite, out, "--force") == 0               # --force reruns everything
+    assert run_suite(suite, out, "--force") == 0               # --force reruns everything
     assert all(p.stat().st_mtime_ns != t for p, t in stamps.items())
 
 
@@ -107,7 +105,7 @@ def test_names_used_in_paths_are_checked_when_the_suite_loads(mutate, key):
 
 def test_a_label_that_escapes_runs_is_refused_before_any_run(tiny_suite, tmp_path, capsys):
     suite = tiny_suite([{"name": "test_increasing_logits", "label": "../../x"}])
-    assert _run(suite, tmp_path / "a" / "b" / "out") == 2
+    assert run_suite(suite, tmp_path / "a" / "b" / "out") == 2
     assert "'label'" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.json"))
 
@@ -122,7 +120,7 @@ def shard_run(tmp_path_factory):
         "suite": "s", "scenarios": [{"name": "synthetic", "args": {"train_per_class": 10, "test_per_class": 5}}],
         "strategies": [{"name": "taft_shards", "preset": "cpu",
                         "args": {"n_shards": 3, "epochs": 1, "model_args": TINY_VIT}}]}))
-    assert _run(suite, root / "out") == 0
+    assert run_suite(suite, root / "out") == 0
     return root / "out" / "runs" / "synthetic__taft_shards__s0.json"
 
 
@@ -235,7 +233,7 @@ def test_yaml_1_1_strings_that_mean_a_number_are_read_as_that_number():
 def test_corrupt_and_foreign_records_are_reported_and_skipped(tiny_suite, tmp_path, capsys):
     out = tmp_path / "out"
     suite = tiny_suite([{"name": "test_increasing_logits"}], seeds=(0, 1))
-    assert _run(suite, out) == 0
+    assert run_suite(suite, out) == 0
     runs = out / "runs"
     (runs / "synthetic__test_increasing_logits__s1.json").write_text('{"run_id": "synthetic__te')   # cut short
     (runs / "notes.json").write_text('{"hello": "world"}')
@@ -250,7 +248,7 @@ def test_corrupt_and_foreign_records_are_reported_and_skipped(tiny_suite, tmp_pa
     table = pd.read_csv(out / "leaderboard.csv")
     assert list(table["n_seeds"]) == [1]
 
-    assert _run(suite, out) == 0                                  # the run reruns the corrupt one, skips foreign
+    assert run_suite(suite, out) == 0                                  # the run reruns the corrupt one, skips foreign
     assert "notes.json" in capsys.readouterr().err
     assert list(pd.read_csv(out / "leaderboard.csv")["n_seeds"]) == [2]
 
@@ -301,7 +299,7 @@ def test_a_checksum_mismatch_stops_the_suite_once(tmp_path, capsys):
                                      "scenarios": [{"name": "test_corrupt_dataset", "args": {"path": str(data)}}],
                                      "strategies": ["test_increasing_logits", "naive"]}))
     SCENARIO_CALLS.clear()
-    assert _run(suite, tmp_path / "out") == 2
+    assert run_suite(suite, tmp_path / "out") == 2
     err = capsys.readouterr().err
     assert "content md5" in err and SCENARIO_CALLS == [0]
     assert not list((tmp_path / "out").rglob("*.json"))

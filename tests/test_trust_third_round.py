@@ -25,24 +25,15 @@ import yaml
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import files, fingerprint, names, preflight
 from clbench import records as record_files
-from clbench.cli import main
 from clbench.errors import ConfigError
 from clbench.plugins import PluginError, load_plugin
 from clbench.suite_file import load_suite
+from tests._cli import one_error_line, run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
-def _run(suite, out, *extra):
-    return main(["--suite", str(suite), "--out", str(out), "--quiet", "--quiet-table", "--device", "cpu", *extra])
-
-
-def _one_error_line(capsys, *needles):
-    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("suite ")]
-    assert len(err) == 1 and err[0].startswith("error: ") and len(err[0]) < 600, err
-    assert all(n in err[0] for n in needles), err
-    return err[0]
 
 
 def _python(code: str, cwd: Path = ROOT, **kwargs) -> subprocess.CompletedProcess:
@@ -69,21 +60,21 @@ def test_a_second_suite_into_a_held_folder_is_refused_naming_the_holder_and_a_de
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert _run(suite, out) == 2
-        _one_error_line(capsys, str(out), f"pid {holder.pid}", "--out")
+        assert run_suite(suite, out) == 2
+        one_error_line(capsys, str(out), f"pid {holder.pid}", "--out")
         assert not (out / "runs" / "synthetic__test_increasing_logits__s0.json").exists()
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert (out / files.LOCK_FILE).read_text().strip() == str(holder.pid)      # its lock file stays, stale
-    assert _run(suite, out) == 0                                                # and is taken over
+    assert run_suite(suite, out) == 0                                                # and is taken over
     assert (out / "runs" / "synthetic__test_increasing_logits__s0.json").exists()
 
 
 def test_the_lock_is_released_when_the_suite_ends(tiny_suite, tmp_path):
     out = tmp_path / "out"
     suite = tiny_suite([{"name": "test_increasing_logits"}])
-    assert _run(suite, out) == 0
+    assert run_suite(suite, out) == 0
     with files.locked_folder(out):          # would raise FolderInUse if the finished suite still held it
         pass
 
@@ -101,7 +92,7 @@ def test_a_run_redone_rewrites_its_training_evaluation_and_hook_logs(tiny_suite,
                          "callbacks": [{"name": "hook_trace", "args": {"batches": 1}}, {"name": "tensorboard"},
                                        {"name": "wandb"}]}],
                        scenario_args={"train_per_class": 8, "test_per_class": 4, "n_experiences": 2})
-    assert _run(suite, out) == 0
+    assert run_suite(suite, out) == 0
     artifacts = out / "artifacts" / "synthetic__naive__s0"
     first = _logs(artifacts)
     assert len(first["training_log.jsonl"].splitlines()) == 4              # 2 experiences x 2 epochs
@@ -109,7 +100,7 @@ def test_a_run_redone_rewrites_its_training_evaluation_and_hook_logs(tiny_suite,
     for name in first:                      # an interrupted earlier attempt left rows behind
         with open(artifacts / name, "a") as f:
             f.write(first[name].splitlines()[-1] + "\n")
-    assert _run(suite, out, "--force") == 0
+    assert run_suite(suite, out, "--force") == 0
     assert _logs(artifacts) == first        # exactly the rerun's own rows (the runs are deterministic)
     assert len(list((artifacts / "tensorboard").glob("events.*"))) == 1       # the rerun's writer only
     assert len(list((artifacts / "wandb" / "wandb").glob("offline-run-*"))) == 1
@@ -179,11 +170,11 @@ def test_resume_reruns_a_plugin_s_run_once_its_helper_module_changed(tiny_suite,
     plugin = tmp_path / "plugin_x37e.py"
     plugin.write_text(PLUGIN)
     suite, out = tiny_suite([{"name": "helped_x37"}]), tmp_path / "out"
-    assert _run(suite, out, "--plugins", str(plugin)) == 0
+    assert run_suite(suite, out, "--plugins", str(plugin)) == 0
     (tmp_path / "helper_x37e.py").write_text("EXTRA = 3.0\n")
     monkeypatch.setattr(fingerprint, "_computed", functools.cache(fingerprint._computed.__wrapped__))  # a new process
     capsys.readouterr()
-    assert _run(suite, out, "--plugins", str(plugin)) == 0
+    assert run_suite(suite, out, "--plugins", str(plugin)) == 0
     assert "running 1: 1 made by other code" in capsys.readouterr().err
 
 
@@ -209,8 +200,8 @@ def test_code_from_two_source_trees_is_refused_in_one_line(tmp_path):
 def test_a_deeply_nested_suite_file_is_one_line_naming_the_limit(tmp_path, capsys):
     path = tmp_path / "deep.yaml"
     path.write_text("suite: deep\nscenarios: " + "[" * 3000 + "]" * 3000 + "\n")
-    assert _run(path, tmp_path / "out") == 2
-    _one_error_line(capsys, str(path), "more than 50 levels")
+    assert run_suite(path, tmp_path / "out") == 2
+    one_error_line(capsys, str(path), "more than 50 levels")
 
 
 def test_a_label_longer_than_a_file_name_may_be_is_refused_at_load_naming_the_limit(tmp_path):
@@ -285,8 +276,8 @@ def test_a_state_file_swapped_for_another_run_s_is_refused(tmp_path):
 
 def test_an_empty_out_is_refused(tiny_suite, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert _run(tiny_suite([{"name": "test_increasing_logits"}]), "") == 2
-    _one_error_line(capsys, "--out ''")
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits"}]), "") == 2
+    one_error_line(capsys, "--out ''")
     assert not (tmp_path / "results").exists()
 
 
@@ -320,8 +311,8 @@ def test_a_read_only_artifacts_folder_is_one_line_before_the_first_run(tiny_suit
 
     (tmp_path / "out" / "artifacts").mkdir(parents=True)        # read-only: it exists (a fresh one is made writable)
     monkeypatch.setattr(Path, "write_text", read_only)
-    assert _run(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
-    _one_error_line(capsys, "cannot be written to", "Read-only file system", "artifacts")
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
+    one_error_line(capsys, "cannot be written to", "Read-only file system", "artifacts")
     assert not list((tmp_path / "out").rglob("*.json"))
 
 
@@ -384,6 +375,6 @@ def test_a_truncated_checkpoint_is_one_line_naming_the_file_before_the_first_run
     checkpoint = save_weights(torch.nn.Linear(8, 4), tmp_path / "w0.safetensors")
     checkpoint.write_bytes(checkpoint.read_bytes()[:40])
     suite = tiny_suite([{"name": "naive", "preset": "cpu", "args": {"init": str(checkpoint)}}])
-    assert _run(suite, tmp_path / "out") == 2
-    _one_error_line(capsys, f"checkpoint file {checkpoint} cannot be read", "cut short")
+    assert run_suite(suite, tmp_path / "out") == 2
+    one_error_line(capsys, f"checkpoint file {checkpoint} cannot be read", "cut short")
     assert not list((tmp_path / "out").rglob("*.json"))
