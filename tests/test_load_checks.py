@@ -552,3 +552,17 @@ def test_entry_lists_are_non_empty_and_their_names_short_strings():
     assert _refused([long], ["naive"]).startswith("s.yaml: scenarios[0].name: expected a registered name (a string "
                                                   "of at most 100 characters), got 'xxxx")
     assert _refused(["x" * suite_file.MAX_NAME], ["naive"]).startswith("s.yaml: scenarios[0]: unknown scenario")
+
+
+def test_a_strategy_serving_several_kinds_names_them_all(monkeypatch):
+    from clbench.registry import STRATEGIES
+
+    monkeypatch.setattr(STRATEGIES.get("seqrec"), "scenario_kinds", ("next_item", "ranking"))
+    assert "(seqrec): it serves next_item or ranking scenarios, and scenarios[0] (split_digits) is a classification" \
+        in _refused(["split_digits"], ["seqrec"])
+
+
+def test_type_names_drop_the_typing_prefix():
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(3, dict[str, typing.Any], "k")
+    assert str(info.value) == "k: expected a dict[str, Any], got 3"
