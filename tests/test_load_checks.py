@@ -566,3 +566,16 @@ def test_type_names_drop_the_typing_prefix():
     with pytest.raises(typecheck.TypeMismatch) as info:
         typecheck.coerce(3, dict[str, typing.Any], "k")
     assert str(info.value) == "k: expected a dict[str, Any], got 3"
+
+
+@pytest.mark.parametrize(("leaves", "refused"), [(96, False), (97, True)])
+def test_the_expansion_limit_counts_every_node_once_per_use(tmp_path, leaves, refused):
+    """x: 99 leaves (100 nodes); the document: 1 + (1 + 100) + (1 + (1 + 998 * 100 + leaves)) nodes, which is
+    exactly MAX_SUITE_NODES (100,000) with 96 leaves: accepted; one more is refused."""
+    path = tmp_path / "s.yaml"
+    path.write_text("x: &x [" + ", ".join(["1"] * 99) + "]\ny: [" + ", ".join(["*x"] * 998 + ["1"] * leaves) + "]\n")
+    if refused:
+        with pytest.raises(ConfigError, match="expands to more than 100,000 values"):
+            suite_file.read_yaml(path)
+    else:
+        assert len(suite_file.read_yaml(path)["y"]) == 998 + leaves
