@@ -34,6 +34,15 @@ def _refused(scenarios: list, strategies: list) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ duplicated keys
+def _yaml_refusal(tmp_path, text: str) -> str:
+    """``read_yaml``'s refusal of ``text`` written to ``s.yaml``, its folder left out of the message."""
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        suite_file.read_yaml(path)
+    return str(info.value).replace(f"{tmp_path}/", "")
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("suite: a\nsuite: b\n", "s.yaml: suite is given twice (lines 1 and 2)"),
     ("suite: x\nscenarios: [split_digits]\nstrategies:\n  - name: replay\n    args: {epochs: 1, epochs: 3}\n",
@@ -42,12 +51,9 @@ def _refused(scenarios: list, strategies: list) -> str:
      "s.yaml: scenarios[0].args.n_classes is given twice (lines 5 and 6)"),
 ])
 def test_a_key_given_twice_is_refused_naming_the_entry_and_the_key(tmp_path, text, expected):
-    path = tmp_path / "s.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        suite_file.read_yaml(path)
-    assert str(info.value).replace(str(tmp_path) + "/", "").startswith(expected), str(info.value)
-    assert "keep one" in str(info.value)
+    message = _yaml_refusal(tmp_path, text)
+    assert message.startswith(expected), message
+    assert "keep one" in message
 
 
 def test_the_same_key_in_sibling_mappings_and_a_merge_key_are_not_duplicates(tmp_path):
@@ -431,11 +437,8 @@ LAUGHS = "".join(f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]\n" for a, b in zip("a
                                                           "anchors and aliases"),
 ])
 def test_anchors_that_expand_into_themselves_or_past_the_limit_are_refused(tmp_path, text, expected):
-    path = tmp_path / "s.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        suite_file.read_yaml(path)
-    assert str(info.value).replace(f"{tmp_path}/", "").startswith(expected), str(info.value)
+    message = _yaml_refusal(tmp_path, text)
+    assert message.startswith(expected), message
 
 
 def test_an_anchor_used_several_times_within_the_limit_reads_as_written(tmp_path):
