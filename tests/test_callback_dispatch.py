@@ -452,3 +452,69 @@ def test_the_runner_fires_an_evaluation_after_each_step_and_the_run_end_with_the
     assert log[-1][1] is record.metrics
     last = {k: v for k, v in evaluations[-1].summaries.items()}
     assert last == pytest.approx({k: record.metrics[k] for k in last})
+
+
+# ------------------------------------------------------------------------------- bookkeeping of the dispatch
+def test_the_batch_counter_counts_each_batch_start_once(recorders):
+    """:data:`~clbench.callbacks.BATCH_HOOKS_FIRED` (which :func:`clbench.protocol.hooks_checked` compares with the
+    optimizer steps) grows by exactly 1 per ``on_batch_start`` of any list, empty or not; catches a count that
+    drops, doubles or runs backwards."""
+    from clbench.callbacks import BATCH_HOOKS_FIRED
+
+    callbacks, _, _, _ = recorders
+    before = BATCH_HOOKS_FIRED["on_batch_start"]
+    x, y = torch.zeros(1, 1), torch.zeros(1)
+    callbacks.on_batch_start(x, y)
+    CallbackList().on_batch_start(x, y)
+    callbacks.on_batch_start(x, y)
+    assert BATCH_HOOKS_FIRED["on_batch_start"] - before == 3
+
+
+def test_the_bridge_numbers_each_experiences_epochs_from_0(recorders):
+    """The template's ``after_training_epoch`` becomes ``on_epoch_end(epoch)`` with the epoch counted from 0 within
+    each experience (``before_training_exp`` restarts it); catches an epoch not passed, counted from 1, by 2,
+    backwards, or not counted."""
+    callbacks, log, _, _ = recorders
+    template = Template(Rows(4))
+    plugin = CallbackPlugin(callbacks)
+    log.clear()
+    for _ in range(2):
+        plugin.before_training_exp(template)
+        for _ in range(3):
+            plugin.after_training_epoch(template)
+    assert [args for tag, hook, args in log if tag == "a"] == [(0,), (1,), (2,)] * 2
+    assert {hook for _, hook, _ in log} == {"on_epoch_end"}
+
+
+def test_callback_plugin_is_made_on_first_use_and_other_names_are_refused():
+    """``clbench.callbacks.CallbackPlugin`` (read when asked, through the module's ``__getattr__``) is the one class
+    that :func:`bridge` instantiates; any other missing name raises Python's usual AttributeError. Catches the
+    name misspelt, the test inverted and the message lost."""
+    import clbench.callbacks as module
+
+    plugin = module.__getattr__("CallbackPlugin")
+    assert plugin is module.CallbackPlugin and plugin.__name__ == "CallbackPlugin"
+    assert issubclass(plugin, module.CallbackBridge) and plugin.__module__ == "clbench.callbacks"
+    with pytest.raises(AttributeError) as info:
+        module.__getattr__("CallbackPlugins")
+    assert str(info.value) == "module 'clbench.callbacks' has no attribute 'CallbackPlugins'"
+
+
+def test_an_evaluation_reads_only_the_rows_up_to_its_step():
+    """Given more rows than ``step + 1`` (a whole matrix), the summaries are still those of the leading block
+    ``R[:step+1, :step+1]``: at step 1 of R, A_0 = 90, A_1 = 75, forgetting 30, bwt -30 (as in the test above);
+    catches a block that takes a row of the future."""
+    early = Evaluation.after(1, {"accuracy": R}, SIZES, (ACCURACY,), offline=False)
+    assert early.summaries == pytest.approx({"avg_inc_acc": 82.5, "last_acc": 75, "forgetting": 30, "bwt": -30})
+    assert early.rows == {"accuracy": R[1]}
+
+
+@pytest.mark.parametrize("member, kept", [("", False), ("shard0", True)])
+def test_hook_trace_removes_an_earlier_attempts_file_only_in_the_runs_own_process(tmp_path, member, kept):
+    """A rerun's trace must not hold the failed attempt's hooks: the run's own process removes ``hooks.jsonl``
+    when set up; a member job (which appends to the same file) keeps it; other files stay. Catches the wrong file
+    removed."""
+    (tmp_path / "hooks.jsonl").write_text('{"hook": "stale"}\n')
+    (tmp_path / "other.jsonl").write_text("x\n")
+    HookTrace().setup(CallbackContext(artifacts=tmp_path, member=member))
+    assert (tmp_path / "hooks.jsonl").exists() is kept and (tmp_path / "other.jsonl").read_text() == "x\n"
