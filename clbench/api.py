@@ -45,16 +45,17 @@ def strategy(name: str, info: ScenarioInfo, preset: str | None = None, device: s
 
 
 def run(scenario: str, strategy: str, *, scenario_args: dict | None = None, preset: str | None = None,
-        args: dict | None = None, seed: int = 0, device: str = "auto",
+        args: dict | None = None, seed: int = 0, device: str = "auto", amp: bool = False,
         callbacks: Sequence[dict | str] = (), out: str | Path | None = None) -> RunRecord:
     """Train ``strategy`` on ``scenario`` with ``seed`` through the runner and return the :class:`RunRecord`
     (``status`` is ``"failed"`` with a ``reason`` if training broke). Arguments are validated as a suite file's
-    are; ``callbacks`` are ``{"name": ..., "args": {...}}`` entries (or bare names)."""
+    are, ``amp`` (bf16 autocast, ``--amp``) as the command line's is (refused with dp and on mps); ``callbacks`` are
+    ``{"name": ..., "args": {...}}`` entries (or bare names)."""
     suite = parse_suite({"suite": "api", "scenarios": [{"name": scenario, "args": scenario_args or {}}],
                          "strategies": [{"name": strategy, "preset": preset, "args": args or {},
                                          "callbacks": list(callbacks)}], "seeds": [seed]},
                         source="clbench.api.run")
-    spec = suite.run_specs(device)[0]          # validated and built once, as a suite file's runs are
+    spec = suite.run_specs(device, amp)[0]          # validated and built once, as a suite file's runs are
     return execute(spec) if out is None else run_and_write(spec, out)
 
 

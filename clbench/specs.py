@@ -134,9 +134,26 @@ class SuiteSpec:
     source: str = ""
 
     def run_specs(self, device: str = "auto", amp: bool = False) -> list[RunSpec]:
-        """The cross product scenario x strategy x seed, in that nesting order."""
+        """The cross product scenario x strategy x seed, in that nesting order. ``amp`` is checked here, where the
+        command line, :func:`clbench.api.run` and any other caller make their runs: :meth:`check_amp`."""
+        if amp:
+            self.check_amp(device)
         return [RunSpec(self.name, sc, st, seed, device, amp)
                 for sc in self.scenarios for st in self.strategies for seed in self.seeds]
+
+    def check_amp(self, device: str) -> None:
+        """bf16 autocast (:func:`clbench.precision.autocast`) on ``device`` for every run: refused on anything but
+        cpu and cuda (``auto`` is one of them), and for strategies trained privately, whose per-sample norms must
+        explain autograd's gradient to float32 precision (the dp callback's first-step invariant), which bf16
+        products do not meet. One :class:`ConfigError` line each, before any run starts."""
+        kind = device.partition(":")[0]
+        if kind not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"--amp (amp=True) is bf16 autocast on cpu and cuda, not on {kind}; run without it.")
+        private = [e.key for e in self.strategies if any(c["name"] == "dp" for c in e.callbacks)]
+        if private:
+            raise ConfigError(f"--amp (amp=True) with private training (dp) is refused: its per-sample norms are "
+                              f"checked against autograd's gradients to float32 precision, which bf16 products do "
+                              f"not meet; leave out {', '.join(private)} (--strategy) or run without amp.")
 
     def select(self, scenarios: list[str] | None = None, strategies: list[str] | None = None,
                seeds: list[int] | None = None) -> SuiteSpec:

@@ -5,7 +5,8 @@ bf16 copy of the initial weights (autocast's weight cache), so the loss never mo
 model (joint last_acc 7.96 vs 94.07). Here every quick-suite row that trains without dp runs 1 epoch per step on
 split digits in float32 and under ``--amp`` and must learn the task just trained as the float32 run does; CUDA
 autocast's refusal of ``binary_cross_entropy`` (which CPU autocast runs in float32) is imposed on those runs, so
-iCaRL's loss has to leave autocast on CPU as it must on CUDA. Private rows are refused with ``--amp`` at load.
+iCaRL's loss has to leave autocast on CPU as it must on CUDA. Private rows and mps are refused with ``--amp``
+where runs are made (``SuiteSpec.run_specs``): by the command line and the API alike, before any run.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import Block
 
-from clbench import runner
+from clbench import api, runner
 from clbench.cli import main
-from clbench.commands.run import _check_amp
 from clbench.errors import ConfigError
 from clbench.precision import autocast, in_float32
 from clbench.registry import STRATEGIES
 from clbench.suite_file import load_suite
 from clbench.tangent.layers import TangentBlock
+from tests._cli import one_error_line
 
 QUICK = load_suite("quick")
 PRIVATE = [e for e in QUICK.strategies if any(c["name"] == "dp" for c in e.callbacks)]
@@ -142,18 +143,61 @@ def test_a_tangent_block_under_amp_gives_the_float32_pair_to_bf16_precision():
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in block.parameters())
 
 
-@pytest.mark.parametrize("key", [e.key for e in PRIVATE])
-def test_amp_with_private_training_is_refused_at_load(key, tmp_path, capsys):
-    assert main(["--suite", "quick", "--strategy", key, "--seeds", "0", "--device", "cpu", "--amp",
-                 "--out", str(tmp_path), "--quiet"]) == 2
-    assert "--amp with private training (dp) is refused" in capsys.readouterr().err
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+def _dp_refusal(keys: str) -> str:
+    return ("--amp (amp=True) with private training (dp) is refused: its per-sample norms are checked against "
+            "autograd's gradients to float32 precision, which bf16 products do not meet; leave out "
+            f"{keys} (--strategy) or run without amp.")
 
 
-def test_amp_is_refused_on_mps_and_accepted_on_cpu_and_cuda():
+MPS_REFUSAL = "--amp (amp=True) is bf16 autocast on cpu and cuda, not on mps; run without it."
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """The API's runner entry points fail the test: a refusal must come before any run starts."""
+    def started(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(api, "execute", started)
+    monkeypatch.setattr(api, "run_and_write", started)
+
+
+def test_amp_with_private_training_is_refused_by_run_specs_naming_every_private_row():
+    with pytest.raises(ConfigError) as info:
+        QUICK.run_specs(device="cpu", amp=True)
+    assert str(info.value) == _dp_refusal(", ".join(e.key for e in PRIVATE))
+    assert all(not s.amp for s in QUICK.run_specs(device="cpu"))
+
+
+def test_amp_with_private_training_is_refused_by_the_api_before_the_run(no_run, tmp_path):
+    with pytest.raises(ConfigError) as info:
+        api.run("synthetic", "naive", preset="cpu", device="cpu", amp=True, out=tmp_path / "out",
+                callbacks=[{"name": "dp", "args": {"epsilon": 8.0, "clip": 1.0}}])
+    assert str(info.value) == _dp_refusal("naive")
+    assert not (tmp_path / "out").exists()
+
+
+def test_amp_with_private_training_is_refused_by_the_command_line_before_any_folder(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["--suite", "quick", "--strategy", *(e.key for e in PRIVATE), "--seeds", "0", "--device", "cpu",
+                 "--amp", "--out", str(out), "--quiet"]) == 2
+    assert one_error_line(capsys) == "error: " + _dp_refusal(", ".join(e.key for e in PRIVATE))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("device", ["mps", "mps:0"])
+def test_amp_is_refused_on_mps_by_run_specs_and_the_api(device, no_run):
     trained = dataclasses.replace(QUICK, strategies=tuple(TRAINED))
-    with pytest.raises(ConfigError, match="--amp is bf16 autocast on cpu and cuda, not on mps"):
-        _check_amp(True, torch.device("mps"), trained)
-    for device in ("cpu", "cuda"):
-        _check_amp(True, torch.device(device), trained)
-    _check_amp(False, torch.device("mps"), QUICK)
+    with pytest.raises(ConfigError) as info:
+        trained.run_specs(device, amp=True)
+    assert str(info.value) == MPS_REFUSAL
+    with pytest.raises(ConfigError) as info:
+        api.run("synthetic", "naive", preset="cpu", device=device, amp=True)
+    assert str(info.value) == MPS_REFUSAL
+
+
+def test_amp_is_accepted_on_cpu_cuda_and_auto_and_mps_without_amp():
+    trained = dataclasses.replace(QUICK, strategies=tuple(TRAINED))
+    for device in ("auto", "cpu", "cuda", "cuda:1"):
+        assert all(s.amp and s.device == device for s in trained.run_specs(device, amp=True))
+    assert all(s.device == "mps" for s in QUICK.run_specs("mps"))

@@ -103,13 +103,14 @@ def run(args: argparse.Namespace) -> int:
     from clbench.environment import resolve_device  # imports torch: after the suite, so a malformed one is quick
 
     _check_flags(args)
-    _check_amp(args.amp, resolve_device(args.device), suite)
+    resolve_device(args.device)
+    specs = suite.run_specs(device=args.device, amp=args.amp)        # --amp refused here with dp or on mps
     out = output_folder(args.out, suite.name)
     check_output_folder(out)
-    return _run_suite(args, suite, out)
+    return _run_suite(args, suite, specs, out)
 
 
-def _run_suite(args: argparse.Namespace, suite, out: Path) -> int:
+def _run_suite(args: argparse.Namespace, suite, specs, out: Path) -> int:
     import torch
 
     from clbench.executors import EXECUTORS, plan
@@ -124,7 +125,6 @@ def _run_suite(args: argparse.Namespace, suite, out: Path) -> int:
             retries=args.retries, num_cpus=args.cpus_per_run or 1, num_gpus=args.gpus_per_run or 0)
     except (ImportError, RuntimeError, ConnectionError) as exc:
         raise ConfigError(f"--executor {args.executor}: {exc}") from None
-    specs = suite.run_specs(device=args.device, amp=args.amp)
     check_checkpoints(specs)
     preflight(specs, out)
     at_once = f"{jobs} at once, " if args.executor == "local" else ""
@@ -143,21 +143,6 @@ def _run_suite(args: argparse.Namespace, suite, out: Path) -> int:
           "failed run(s) this time",
           file=sys.stderr)
     return 1 if failed else 0
-
-
-def _check_amp(amp: bool, device, suite) -> None:
-    """``--amp`` (:func:`clbench.precision.autocast`, bf16 on CPU and CUDA): refused on MPS, and for strategies
-    trained privately, whose per-sample norms must explain autograd's gradient to float32 precision (the dp
-    callback's first-step invariant), which bf16 products do not meet. One :class:`ConfigError` line each."""
-    if not amp:
-        return
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--amp is bf16 autocast on cpu and cuda, not on {device.type}; run without --amp.")
-    private = [e.key for e in suite.strategies if any(c["name"] == "dp" for c in e.callbacks)]
-    if private:
-        raise ConfigError(f"--amp with private training (dp) is refused: its per-sample norms are checked against "
-                          f"autograd's gradients to float32 precision, which bf16 products do not meet; leave out "
-                          f"{', '.join(private)} (--strategy) or run without --amp.")
 
 
 def _check_flags(args: argparse.Namespace) -> None:
