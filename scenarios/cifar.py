@@ -11,6 +11,8 @@ step included: the papers' "B50, 10 steps" (50 + 10 x 5 classes) is ``initial_cl
 
 Small versions (tests, CPU presets): ``classes=k`` keeps the first ``k`` classes of the class order, ``max_per_class``
 the first images of each class. Train augmentation: random crop with 4-pixel padding and horizontal flip.
+``holdout: valid`` scores ``valid_fraction`` of each class's training images (after ``max_per_class``) instead of the
+test set (:class:`clbench.streams.Holdout`).
 Data: the official python pickles (``cifar-100-python/``) or ``cifar100/cifar100.npz`` under a data root.
 """
 
@@ -23,17 +25,19 @@ from clbench.data.orders import CIFAR100_ORDERS, resolve_class_order
 from clbench.data.tensors import crop_flip, image_class_incremental
 from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
-from clbench.streams import increments_for
+from clbench.streams import Holdout, HoldoutName, ValidFraction, check_holdout, increments_for
 
 # training-set statistics of the official split (the stratified re-split in cifar100.npz differs by < 0.001)
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+CIFAR100_TRAIN_PER_CLASS = 500
 
 
 @SCENARIOS.register("split_cifar100")
 def split_cifar100(*, seed: int = 0, n_experiences: int = 10, initial_classes: int = 0, class_order: int | str = 1,
                    classes: int | None = None, max_per_class: int | None = None, default_model: str = "resnet32",
-                   data_root: str | os.PathLike | None = None) -> Scenario:
+                   data_root: str | os.PathLike | None = None, holdout: HoldoutName = "test",
+                   valid_fraction: ValidFraction = 0.1) -> Scenario:
     """CIFAR-100 in ``n_experiences`` class-incremental steps (see the module docstring for the arguments)."""
     order = resolve_class_order(class_order, 100, seed, CIFAR100_ORDERS)[:classes]
     info = ClassificationInfo(name="split_cifar100", n_classes=len(order),
@@ -41,12 +45,26 @@ def split_cifar100(*, seed: int = 0, n_experiences: int = 10, initial_classes: i
                               input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD,
                               default_model=default_model, extra={"class_order_name": class_order})
     return image_class_incremental(info, data.load(data.CIFAR100, data_root), order, max_per_class,
-                                   train_transform=crop_flip(32, padding=4))
+                                   train_transform=crop_flip(32, padding=4), holdout=Holdout(holdout, valid_fraction))
+
+
+def _holdout_check(default_classes: int):
+    """``check_args`` of a CIFAR-100 scenario keeping ``classes`` classes (``default_classes`` when not given): its
+    validation holdout over classes of 500 training images, or ``max_per_class``
+    (:func:`clbench.streams.check_holdout`)."""
+    def check_args(*, classes: int | None = None, max_per_class: int | None = None, **args: object) -> None:
+        per_class = min(CIFAR100_TRAIN_PER_CLASS, max_per_class or CIFAR100_TRAIN_PER_CLASS)
+        check_holdout(dict.fromkeys(range(classes or default_classes), per_class), args)
+    return check_args
+
+
+split_cifar100.check_args = _holdout_check(100)
 
 
 @SCENARIOS.register("cifar100_transfer")
 def cifar100_transfer(*, seed: int = 0, classes: int = 50, max_per_class: int | None = None,
-                      default_model: str = "vit", data_root: str | os.PathLike | None = None) -> Scenario:
+                      default_model: str = "vit", data_root: str | os.PathLike | None = None,
+                      holdout: HoldoutName = "test", valid_fraction: ValidFraction = 0.1) -> Scenario:
     """CIFAR-100 classes ``0 .. classes-1`` in one experience (transfer to one task; classes 50-99 are the
     pre-training source, so ``classes`` <= 50). ``seed`` changes training only, not the data."""
     if not 1 <= classes <= 50:
@@ -57,4 +75,7 @@ def cifar100_transfer(*, seed: int = 0, classes: int = 50, max_per_class: int | 
                               input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD,
                               default_model=default_model, extra={"class_order_name": "fixed"})
     return image_class_incremental(info, data.load(data.CIFAR100, data_root), order, max_per_class,
-                                   train_transform=crop_flip(32, padding=4))
+                                   train_transform=crop_flip(32, padding=4), holdout=Holdout(holdout, valid_fraction))
+
+
+cifar100_transfer.check_args = _holdout_check(50)

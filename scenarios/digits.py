@@ -11,7 +11,15 @@ from sklearn.model_selection import train_test_split
 
 from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
-from clbench.streams import class_incremental, increments_for, seeded_class_order
+from clbench.streams import (
+    Holdout,
+    HoldoutName,
+    ValidFraction,
+    check_holdout,
+    class_incremental,
+    increments_for,
+    seeded_class_order,
+)
 from clbench.typecheck import Range
 
 DIGITS_MEAN, DIGITS_STD = 4.8842 / 16, 6.0168 / 16   # pixel statistics of the 1,797 images, scaled to [0, 1]
@@ -20,12 +28,14 @@ DIGITS_MEAN, DIGITS_STD = 4.8842 / 16, 6.0168 / 16   # pixel statistics of the 1
 @SCENARIOS.register("split_digits")
 def split_digits(*, seed: int = 0, n_experiences: int = 5, class_order: str = "fixed",
                  test_fraction: Annotated[float, Range(0, 1, open_low=True, open_high=True)] = 0.3,
-                 task_aware: bool = False) -> Scenario:
+                 task_aware: bool = False, holdout: HoldoutName = "test", valid_fraction: ValidFraction = 0.1
+                 ) -> Scenario:
     """Digits 0-9 in ``n_experiences`` class-incremental steps (5 x 2 classes by default).
 
     The train/test split is fixed (stratified, ``random_state=0``) so that every seed sees the same test set;
     ``class_order="fixed"`` keeps 0..9, ``"random"`` draws the order from ``seed``. Images are (1, 8, 8),
-    scaled to [0, 1] and normalized with the mean/std above.
+    scaled to [0, 1] and normalized with the mean/std above. ``holdout: valid`` scores ``valid_fraction`` of the
+    training images instead of the test set (:class:`clbench.streams.Holdout`).
     """
     digits = load_digits()
     x = digits.images.astype(np.float32)[:, None] / 16.0
@@ -40,23 +50,31 @@ def split_digits(*, seed: int = 0, n_experiences: int = 5, class_order: str = "f
                               input_shape=(1, 8, 8), mean=(DIGITS_MEAN,), std=(DIGITS_STD,), task_aware=task_aware,
                               default_model="mlp")
     return class_incremental(info, torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te),
-                             torch.from_numpy(y_te), orders[class_order]())
+                             torch.from_numpy(y_te), orders[class_order](), holdout=Holdout(holdout, valid_fraction))
 
 
-def _check_args(*, n_experiences: int = 5, **_: object) -> None:
-    """What ``split_digits`` refuses when built and can be known from its arguments (the 10 classes cannot be split
-    into ``n_experiences`` steps): checked when a suite loads (:func:`clbench.suite_file.parse_suite`)."""
-    increments_for(10, n_experiences)
-
-
-def _sizes(*, n_experiences: int = 5, class_order: str = "fixed", test_fraction: float = 0.3, **_: object
-           ) -> dict[str, int]:
-    """The training samples of the whole stream and of its smallest experience (for every class order when
-    ``class_order`` is random), from the labels alone: what a suite's ``mem_size`` and ``n_shards`` are checked
-    against when it loads (:data:`clbench.typecheck.SCENARIO_SIZES`)."""
+def _train_counts(test_fraction: float) -> list[int]:
+    """Training images per digit after the fixed train/test split (before any validation holdout)."""
     target = load_digits().target
     train = train_test_split(target, test_size=test_fraction, random_state=0, stratify=target)[0]
-    return stream_sizes(np.bincount(train, minlength=10), n_experiences, class_order == "fixed")
+    return np.bincount(train, minlength=10).tolist()
+
+
+def _check_args(*, n_experiences: int = 5, test_fraction: float = 0.3, **args: object) -> None:
+    """What ``split_digits`` refuses when built and can be known from its arguments (the 10 classes cannot be split
+    into ``n_experiences`` steps; the validation holdout, :func:`clbench.streams.check_holdout`): checked when a
+    suite loads (:func:`clbench.suite_file.parse_suite`)."""
+    increments_for(10, n_experiences)
+    check_holdout(dict(enumerate(_train_counts(test_fraction))), args)
+
+
+def _sizes(*, n_experiences: int = 5, class_order: str = "fixed", test_fraction: float = 0.3,
+           holdout: HoldoutName = "test", valid_fraction: float = 0.1, **_: object) -> dict[str, int]:
+    """The training samples of the whole stream and of its smallest experience (for every class order when
+    ``class_order`` is random; after the validation holdout), from the labels alone: what a suite's ``mem_size`` and
+    ``n_shards`` are checked against when it loads (:data:`clbench.typecheck.SCENARIO_SIZES`)."""
+    counts = Holdout(holdout, valid_fraction).train_counts(_train_counts(test_fraction))
+    return stream_sizes(counts, n_experiences, class_order == "fixed")
 
 
 def stream_sizes(counts, n_experiences: int, fixed_order: bool) -> dict[str, int]:

@@ -11,7 +11,9 @@ indexes the sorted ImageNet-100 wnids as in DyTox; ``"fixed"`` and ``"random"`` 
 Steps, ``initial_classes``, ``classes`` and ``max_per_class`` work as in ``split_cifar100``. Inputs are normalized with
 ImageNet's statistics; train augmentation: random crop with ``size // 8`` padding and horizontal flip. Memory: a
 full ImageNet-100 (about 130,000 images) at 224 px takes about 20 GB as uint8 — use ``image_size`` (e.g. 64)
-or ``max_per_class`` on small machines.
+or ``max_per_class`` on small machines. ``holdout: valid`` scores ``valid_fraction`` of each class's training images
+instead of the ``val`` folder (:class:`clbench.streams.Holdout`; the class counts are known only once the folder is
+read, so a fraction leaving a class without a training or a validation image is refused when the scenario is built).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from clbench.data.orders import IMAGENET100_ORDER1, resolve_class_order
 from clbench.data.tensors import crop_flip, image_class_incremental
 from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
-from clbench.streams import increments_for
+from clbench.streams import Holdout, HoldoutName, ValidFraction, increments_for
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -34,7 +36,8 @@ def split_imagenet_subset(*, seed: int = 0, root: str = "tiny-imagenet-100", cla
                           image_size: int | None = None, n_experiences: int = 10, initial_classes: int = 0,
                           class_order: int | str = "fixed", classes: int | None = None,
                           max_per_class: int | None = None, default_model: str = "resnet18",
-                          data_root: str | os.PathLike | None = None) -> Scenario:
+                          data_root: str | os.PathLike | None = None, holdout: HoldoutName = "test",
+                          valid_fraction: ValidFraction = 0.1) -> Scenario:
     """An ImageNet subset in ``n_experiences`` class-incremental steps (see the module docstring)."""
     arrays = data.load(data.image_folder_dataset(root, class_list, image_size), data_root)
     order = resolve_class_order(class_order, len(arrays.class_names), seed, {1: IMAGENET100_ORDER1})[:classes]
@@ -44,4 +47,5 @@ def split_imagenet_subset(*, seed: int = 0, root: str = "tiny-imagenet-100", cla
                               input_shape=(3, size, size), mean=IMAGENET_MEAN, std=IMAGENET_STD,
                               default_model=default_model,
                               extra={"root": root, "wnids": arrays.class_names, "class_order_name": class_order})
-    return image_class_incremental(info, arrays, order, max_per_class, train_transform=crop_flip(size, size // 8))
+    return image_class_incremental(info, arrays, order, max_per_class, train_transform=crop_flip(size, size // 8),
+                                   holdout=Holdout(holdout, valid_fraction))

@@ -12,7 +12,7 @@ from torchvision.transforms import v2
 
 from clbench.data.catalog import SplitArrays
 from clbench.protocol import ClassificationInfo, Scenario
-from clbench.streams import Transform, class_incremental
+from clbench.streams import TEST_SET, Holdout, Transform, class_incremental
 
 
 def per_class_subset(y: np.ndarray, classes: Sequence[int] | None = None,
@@ -59,18 +59,20 @@ def prepared_tensors(data: SplitArrays, mean: Sequence[float], std: Sequence[flo
 
 
 def image_class_incremental(info: ClassificationInfo, data: SplitArrays, class_order: Sequence[int],
-                            max_per_class: int | None = None, train_transform: Transform = None) -> Scenario:
+                            max_per_class: int | None = None, train_transform: Transform = None,
+                            holdout: Holdout = TEST_SET) -> Scenario:
     """The shared path from arrays to a class-incremental scenario: keep the classes of ``class_order`` (which may
     be a prefix of a longer order), normalize with ``info.mean``/``info.std`` and split by
-    ``info.classes_per_experience`` (:func:`clbench.streams.class_incremental`; labels are renumbered by position
-    in ``class_order``). ``info.input_shape`` is filled in from the data."""
+    ``info.classes_per_experience`` (:func:`clbench.streams.class_incremental`, which applies ``holdout``; labels are
+    renumbered by position in ``class_order``). ``info.input_shape`` is filled in from the data."""
     x_train, y_train, x_test, y_test = prepared_tensors(data, info.mean, info.std, class_order, max_per_class)
     # continuum needs labels 0..k-1: number the kept classes densely, split, then report the original order
     dense = torch.full((max(class_order) + 1,), -1, dtype=torch.long)
     dense[sorted(class_order)] = torch.arange(len(class_order))
     info = dataclasses.replace(info, input_shape=tuple(x_train.shape[1:]))
     scenario = class_incremental(info, x_train, dense[y_train], x_test, dense[y_test],
-                                 class_order=dense[list(class_order)].tolist(), train_transform=train_transform)
+                                 class_order=dense[list(class_order)].tolist(), train_transform=train_transform,
+                                 holdout=holdout)
     scenario.info = dataclasses.replace(scenario.info, class_order=tuple(int(c) for c in class_order))
     return scenario
 
