@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from clbench import leaderboard
+from clbench import adequacy, leaderboard
 
 
 def _record(strategy, seed, avg, last, status="finished", extra=None, args=None, label="", code="c" * 16):
@@ -382,3 +382,66 @@ def test_rows_without_an_avg_inc_or_last_value_sort_after_those_with_one():
     records = [_record("a_none", 0, None, None), _record("b_failed", 0, 0, 0, status="failed"),
                _record("c_low", 0, 5.0, 5.0), _record("d_high", 0, 50.0, 50.0)]
     assert list(leaderboard.build(records)["strategy"]) == ["d_high", "c_low", "a_none", "b_failed"]
+
+
+def test_checkpoint_contents_and_amp_split_rows_and_label_them():
+    """The identity holds the content hash of every checkpoint read (same path, other weights: another experiment)
+    and bf16 autocast when on; both tag the labels of records under one label, an absent key as "–". Catches
+    either left out of the identity, stored under another key or with another value."""
+    a, b = _record("naive", 0, 1.0, 1.0), _record("naive", 1, 1.0, 1.0)
+    a["checkpoints"], b["checkpoints"] = {"init": "aaaa"}, {"init": "bbbb"}
+    assert [s for _, s in leaderboard.row_labels([a, b])] == ["naive [checkpoints.init=aaaa]",
+                                                             "naive [checkpoints.init=bbbb]"]
+    c, d = _record("naive", 0, 1.0, 1.0), _record("naive", 1, 1.0, 1.0)
+    c["spec"]["amp"], d["spec"]["amp"] = True, False
+    assert [s for _, s in leaderboard.row_labels([c, d])] == ["naive [amp=true]", "naive [amp=–]"]
+    c["spec"]["amp"], d["checkpoints"] = False, {}
+    assert leaderboard.row_labels([c, d]) == [("synthetic", "naive")] * 2
+
+
+def _adequacy(train_acc, k=2):
+    return [{"experience": 0, "train_acc": 0.9, "k": k, "epochs": 5, "loss_drop": 0.0},
+            {"experience": 1, "train_acc": train_acc, "k": k, "epochs": 5, "loss_drop": 0.01}]
+
+
+def test_adequacy_flags_become_a_column_and_a_markdown_column_with_its_legend():
+    """A row with a flagged seed (step 1's training accuracy 0.1 < 1.5/k for k = 2) gets its flag text; a row
+    without gets ""; the markdown then shows a ``flags`` column between the scores and the costs, each row's flag
+    in it (escaped like any cell), and the flags legend after the scores legend. Catches the flags not computed,
+    their column or legend lost or renamed."""
+    bad = [_record("naive", s, 40.0, 20.0) for s in (0, 1)]
+    bad[0]["adequacy"], bad[1]["adequacy"] = _adequacy(0.1), _adequacy(0.9)
+    good = _record("replay", 0, 70.0, 60.0)
+    good["adequacy"] = _adequacy(0.9)
+    table = leaderboard.build(bad + [good])
+    assert list(table["flags"]) == ["", "not learned (1/2 seeds; step 1; train)"]
+    md = leaderboard.to_markdown(table).splitlines()
+    assert md[0] == HEADER.replace("| bwt |", "| bwt | flags |")
+    assert md[2].endswith("| -5.00 (n=1) |  | 1.000 | 0.500 | 2.0 | 3.0 |")
+    assert md[3].endswith("| -5.00 ± 0.00 | not learned (1/2 seeds; step 1; train) | 1.000 | 0.500 | 2.0 | 3.0 |")
+    assert md[4:] == ["", leaderboard.LEGEND, "", adequacy.FLAGS_LEGEND, "", "Machine: cpu: test"]
+
+
+def test_flagged_reads_only_non_empty_flag_cells():
+    """A table read back from a CSV has NaN for a row without flags, and older tables no ``flags`` column: neither
+    counts as flagged; any non-empty text does, one character included."""
+    assert not leaderboard.flagged(pd.DataFrame({"flags": [math.nan, ""]}))
+    assert not leaderboard.flagged(pd.DataFrame({"strategy": ["x"]}))
+    assert leaderboard.flagged(pd.DataFrame({"flags": [math.nan, "x"]}))
+
+
+def test_flags_of_records_without_adequacy_read_the_committed_training_log(tmp_path):
+    """A record written before ``adequacy`` existed is flagged from its training log under the results folder
+    (``<root>/artifacts/<run_id>/training_log.jsonl``): epoch losses 1.0, 0.8, 0.6, 0.4, 0.2 still drop by
+    (0.4 - 0.2) / 1.0 = 0.2 >= 0.05 in the last fifth: not converged, source "log". ``write`` passes its folder,
+    ``build`` its ``root``; without a root nothing is read. Catches the folder not passed on."""
+    record = _record("naive", 0, 40.0, 20.0)
+    log = tmp_path / "artifacts" / record["run_id"] / "training_log.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(json.dumps({"member": "", "experience": 0, "epoch": e, "step": e, "loss": loss}) + "\n"
+                           for e, loss in enumerate([1.0, 0.8, 0.6, 0.4, 0.2])))
+    expected = "not converged (1/1 seeds; step 0; log)"
+    assert leaderboard.build([record], tmp_path)["flags"][0] == expected
+    assert leaderboard.build([record])["flags"][0] == ""
+    assert leaderboard.write(tmp_path, [record])["flags"][0] == expected
+    assert f"| {expected} |" in (tmp_path / "leaderboard.md").read_text()
