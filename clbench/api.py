@@ -15,7 +15,8 @@
 
 :func:`run` goes through the same runner as ``run_bench.py`` (same seeding, evaluation, metrics and checks) and
 writes nothing unless ``out`` is given (then the record, callback artifacts and saved state go under it, as a suite
-run's would). Unknown names and hyperparameters raise :class:`~clbench.errors.ConfigError` /
+run's would, holding the folder's lock as a suite does: a suite or another run writing there refuses it, naming its
+pid). Unknown names and hyperparameters raise :class:`~clbench.errors.ConfigError` /
 :class:`~clbench.registry.UnknownNameError` with suggestions.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.config import build_config
+from clbench.files import locked_folder
 from clbench.protocol import Scenario, ScenarioInfo, StrategyBase
 from clbench.registry import SCENARIOS, STRATEGIES
 from clbench.runner import RunRecord, execute
@@ -50,13 +52,17 @@ def run(scenario: str, strategy: str, *, scenario_args: dict | None = None, pres
     """Train ``strategy`` on ``scenario`` with ``seed`` through the runner and return the :class:`RunRecord`
     (``status`` is ``"failed"`` with a ``reason`` if training broke). Arguments are validated as a suite file's
     are, ``amp`` (bf16 autocast, ``--amp``) as the command line's is (refused with dp and on mps); ``callbacks`` are
-    ``{"name": ..., "args": {...}}`` entries (or bare names)."""
+    ``{"name": ..., "args": {...}}`` entries (or bare names). With ``out``, the folder is held locked
+    (:func:`clbench.files.locked_folder`) while the run writes there."""
     suite = parse_suite({"suite": "api", "scenarios": [{"name": scenario, "args": scenario_args or {}}],
                          "strategies": [{"name": strategy, "preset": preset, "args": args or {},
                                          "callbacks": list(callbacks)}], "seeds": [seed]},
                         source="clbench.api.run")
-    spec = suite.run_specs(device, amp)[0]          # validated and built once, as a suite file's runs are
-    return execute(spec) if out is None else run_and_write(spec, out)
+    spec = suite.run_specs(device, amp)[0]     # validated and built once, as a suite file's runs are
+    if out is None:
+        return execute(spec)
+    with locked_folder(out, "wait for it to end or pass another out"):
+        return run_and_write(spec, out)
 
 
 __all__ = ["run", "scenario", "strategy"]

@@ -47,7 +47,8 @@ def write_atomic(path: str | Path, write: Callable[[Path], object] | str) -> Pat
 
 
 LOCK_FILE = ".clbench.lock"
-"""The file in an output folder that the suite writing there holds locked (:func:`locked_folder`)."""
+"""The file in an output folder that the process writing there holds locked (:func:`locked_folder`): a suite
+(``run``), :func:`clbench.api.run` with ``out``, or ``leaderboard`` / ``report`` rebuilding its tables."""
 
 
 class FolderInUse(OutputError):
@@ -55,11 +56,12 @@ class FolderInUse(OutputError):
 
 
 @contextlib.contextmanager
-def locked_folder(folder: str | Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``folder`` (created) for the block: a second suite into the same folder is refused
-    with :class:`FolderInUse` naming the folder and the holder's pid, instead of both overwriting each other's
-    records. The lock is ``flock`` on ``<folder>/.clbench.lock`` (which holds the pid): the kernel drops it when its
-    process dies however it ends, so the lock of a dead process is simply taken over."""
+def locked_folder(folder: str | Path, then: str = "wait for it to end or pass another --out") -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (created) for the block: a second writer into the same folder is refused
+    with :class:`FolderInUse` naming the folder and the holder's pid, and saying what to do (``then``), instead of
+    both overwriting each other's records. The lock is ``flock`` on ``<folder>/.clbench.lock`` (which holds the pid):
+    the kernel drops it when its process dies however it ends, so the lock of a dead process is simply taken over.
+    A lock is per open file, so a second writer in the same process is refused too."""
     import fcntl
 
     path = Path(folder) / LOCK_FILE
@@ -71,8 +73,8 @@ def locked_folder(folder: str | Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise FolderInUse(f"output folder {folder} is in use by another clbench run (pid {holder}); wait for it "
-                              f"to end or pass another --out.") from None
+            raise FolderInUse(f"output folder {folder} is in use by another clbench run (pid {holder}); {then}.") \
+                from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

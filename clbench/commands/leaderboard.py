@@ -4,11 +4,14 @@ in a suite's output folder (:func:`write_tables`, also what ``run`` and ``report
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from clbench import records as record_files
 from clbench.commands import Command
+from clbench.files import locked_folder
 from clbench.registry import COMMANDS
 
 
@@ -25,6 +28,21 @@ def write_tables(out: Path):
     return table, corrupt
 
 
+@contextlib.contextmanager
+def rebuilding(out: Path) -> Iterator[None]:
+    """Hold ``out``'s lock (:func:`clbench.files.locked_folder`) while ``leaderboard`` or ``report`` rewrites its
+    files. They write the very files a suite writes when its runs end, from whatever records are there: run while a
+    suite holds the folder, they would put a table of its first runs where its results go (and a suite started
+    meanwhile would write the same files), so they are refused in one line naming the suite's pid; the suite writes
+    them itself when it ends. A folder without ``runs/`` is neither locked nor made: reading its records says what
+    to do."""
+    if not (out / "runs").is_dir():
+        yield
+        return
+    with locked_folder(out, "wait for it to end: it writes its leaderboard and report itself"):
+        yield
+
+
 def skipped_note(corrupt: list) -> str:
     """The end of the closing line when files in ``runs/`` were skipped ('' otherwise)."""
     return f"; {len(corrupt)} file(s) in runs/ skipped (see above)" if corrupt else ""
@@ -36,8 +54,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit code 2 when a file in ``runs/`` was not a record (the table is still written from the others)."""
-    table, corrupt = write_tables(Path(args.out))
+    """Exit code 2 when a file in ``runs/`` was not a record (the table is still written from the others); refused
+    while a suite runs in ``--out`` (:func:`rebuilding`)."""
+    with rebuilding(Path(args.out)):
+        table, corrupt = write_tables(Path(args.out))
     print((Path(args.out) / "leaderboard.md").read_text())
     print(f"{len(table)} rows -> {Path(args.out) / 'leaderboard.csv'}{skipped_note(corrupt)}", file=sys.stderr)
     return 2 if corrupt else 0

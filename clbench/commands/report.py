@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from clbench.commands import Command
-from clbench.commands.leaderboard import skipped_note, write_tables
+from clbench.commands.leaderboard import rebuilding, skipped_note, write_tables
 from clbench.registry import COMMANDS
 
 
@@ -21,13 +21,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit code 2 as for ``leaderboard``: a file in ``runs/`` was not a record."""
-    _, corrupt = write_tables(Path(args.out))
-    print(f"report: {Path(args.out) / 'report.md'}{skipped_note(corrupt)}", file=sys.stderr)
-    if args.html:
-        from clbench.html_report import write_html
+    """Exit code 2 as for ``leaderboard``: a file in ``runs/`` was not a record. Refused while a suite runs in
+    ``--out``, as ``leaderboard`` is (:func:`~clbench.commands.leaderboard.rebuilding`)."""
+    with rebuilding(Path(args.out)):
+        _, corrupt = write_tables(Path(args.out))
+        print(f"report: {Path(args.out) / 'report.md'}{skipped_note(corrupt)}", file=sys.stderr)
+        if args.html:
+            from clbench.html_report import write_html
 
-        print(f"report: {write_html(Path(args.out))}", file=sys.stderr)
+            print(f"report: {write_html(Path(args.out))}", file=sys.stderr)
     return 2 if corrupt else 0
 
 
