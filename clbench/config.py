@@ -35,19 +35,23 @@ def build_config(strategy_name: str, preset: str | None = None, overrides: dict 
     return config
 
 
-def checked_config(strategy_name: str, preset: str | None, overrides: dict, where: str) -> tuple[dict, Any]:
+def checked_config(strategy_name: str, preset: str | None, overrides: dict, where: str,
+                   strategy: Any = None) -> tuple[dict, Any]:
     """``(checked overrides, the Config they build)``: ``overrides`` coerced to the types of the strategy's
     ``Config`` fields (``lr: "1e-3"`` -> ``0.001``) once the whole configuration builds; raises
-    :class:`ConfigError` naming ``where`` and the key."""
-    config_cls, values, checked = _resolve(strategy_name, preset, overrides, where)
+    :class:`ConfigError` naming ``where`` and the key. ``strategy``: the class with the ``Config`` and ``PRESETS``
+    (default ``STRATEGIES.get(strategy_name)``), or the stand-in the torch-free phase of suite loading rebuilds from
+    the registries' index (:func:`clbench.recorded.stand_in`)."""
+    config_cls, values, checked = _resolve(strategy_name, preset, overrides, where, strategy)
     config = _instantiate(config_cls, values, where)
     _check_used(where, config, checked)
     return checked, config
 
 
-def _resolve(strategy_name: str, preset: str | None, overrides: dict, where: str) -> tuple[type, dict, dict]:
+def _resolve(strategy_name: str, preset: str | None, overrides: dict, where: str, strategy: Any = None
+             ) -> tuple[type, dict, dict]:
     """``(Config class, preset + overrides, overrides)``, every value type- and range-checked."""
-    cls = STRATEGIES.get(strategy_name)
+    cls = strategy or STRATEGIES.get(strategy_name)
     config_cls = cls.Config
     presets: dict[str, dict] = getattr(cls, "PRESETS", {})
     values: dict[str, Any] = {}

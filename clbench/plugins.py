@@ -33,6 +33,7 @@ This module knows the registries only as the objects that :func:`track` was give
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -238,6 +239,29 @@ def module_declaring(kind: str, name: str) -> str:
     return next((s.module for s in sources() if name in s.declared.get(kind, {})), "?")
 
 
+def record(kind: str, name: str) -> dict | None:
+    """What the index records of the shipped ``name`` of ``kind`` (:mod:`clbench.recorded`: a strategy's Config
+    declarations, a scenario's sizes), while the module that registers it and the modules the record ``depends`` on
+    are as when the index was built; None otherwise (the loader's full check, after importing, decides alone)."""
+    for source in sources():
+        found = source.records.get(kind, {}).get(name)
+        if found is not None:
+            return found if all(_sha256_of(module) == sha for module, sha in found["depends"].items()) else None
+    return None
+
+
+@functools.cache
+def _sha256_of(module: str) -> str | None:
+    path = dict(shipped_modules()).get(module)
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else None
+
+
+def only_shipped() -> bool:
+    """Whether every plugin module known to this process is shipped: no entry point and nothing loaded by
+    ``--plugins``, a suite's ``plugins:`` or ``$CLBENCH_PLUGINS``."""
+    return not _loaded_specs and all(s.origin == "shipped" for s in sources())
+
+
 # ------------------------------------------------------------------------------------------------------- discovery
 @dataclass
 class Source:
@@ -253,6 +277,7 @@ class Source:
     cache: Path | None = None       # an installed module's cached index (:func:`cache_file`), written on import
     sha256: str = ""                # of its file (installed modules)
     cached: bool = False            # what it declares was read from its cache
+    records: dict[str, dict[str, dict]] = field(default_factory=dict)   # {kind: {name: record}} from the index
 
     @property
     def imported(self) -> bool:
@@ -314,10 +339,10 @@ def _shipped_source(module: str, path: Path, index: dict) -> Source | None:
         return None
     known = index.get(module)
     if known is not None and known["sha256"] == hashlib.sha256(data).hexdigest():
-        declared, dynamic = known["entries"], set()
+        declared, dynamic, records = known["entries"], set(), known.get("records", {})
     else:
-        declared, dynamic = scan(data)
-    return Source(module, path, "shipped", declared, dynamic) if declared or dynamic else None
+        declared, dynamic, records = *scan(data), {}
+    return Source(module, path, "shipped", declared, dynamic, records=records) if declared or dynamic else None
 
 
 def _entry_point_sources() -> list[Source]:
@@ -458,7 +483,12 @@ def _read_index() -> dict:
 
 def build_index() -> dict:
     """The index of the shipped plugin modules: ``{"modules": {module: {"sha256", "entries": {kind: {name:
-    summary}}}}}``, made by importing every one of them (:func:`write_index` saves it as :data:`INDEX_FILE`)."""
+    summary}}, "records": {kind: {name: record}}}}}``, made by importing every one of them (:func:`write_index` saves
+    it as :data:`INDEX_FILE`). A record (:data:`clbench.recorded.RECORDERS`: a strategy's Config declarations, a
+    scenario's sizes) names the sha256 of each module it ``depends`` on."""
+    from clbench.recorded import RECORDERS  # imports clbench.config: only when the index is built
+
+    files = dict(shipped_modules())
     modules = {}
     for module, path in shipped_modules():
         data = path.read_bytes()
@@ -471,8 +501,13 @@ def build_index() -> dict:
     for registry in _tracked:
         for name, origin in sorted(registry.origins.items()):
             if origin in modules:
-                modules[origin]["entries"].setdefault(registry.kind, {})[name] = registry.describe_entry(
-                    registry._entries[name])
+                entry = registry._entries[name]
+                modules[origin]["entries"].setdefault(registry.kind, {})[name] = registry.describe_entry(entry)
+                found = RECORDERS[registry.kind](name, entry) if registry.kind in RECORDERS else None
+                if found is not None:
+                    found["depends"] = {m: hashlib.sha256(files[m].read_bytes()).hexdigest()
+                                        for m in found["depends"] if m in files}
+                    modules[origin].setdefault("records", {}).setdefault(registry.kind, {})[name] = found
     return {"modules": modules}
 
 
@@ -483,5 +518,5 @@ def write_index(path: Path = INDEX_FILE) -> None:
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV", "FAILED_NAMES", "INDEX_FILE", "KINDS", "UNAVAILABLE", "VARIABLES",
            "PluginError", "Source", "build_index", "cache_file", "declared", "failure", "holder", "import_plugin",
-           "load_declaring", "load_dynamic", "load_plugin", "load_plugins", "module_declaring", "registering", "scan",
-           "shipped_modules", "sources", "strategy_summary", "track", "write_index"]
+           "load_declaring", "load_dynamic", "load_plugin", "load_plugins", "module_declaring", "only_shipped",
+           "record", "registering", "scan", "shipped_modules", "sources", "strategy_summary", "track", "write_index"]

@@ -93,6 +93,8 @@ class Registry(Generic[T]):
                     getattr(importlib.import_module(module), function)(name, factory)
             self._entries[name] = factory
             self.origins[name] = origin
+            if origin.split(".")[0] != "clbench":
+                OUTSIDE.add(origin)
             return factory
 
         return decorator
@@ -146,6 +148,18 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
+OUTSIDE: set[str] = set()
+"""Modules outside clbench that registered a name into a registry (any registry: the optimizers, memories... too)
+in this process."""
+
+
+def only_shipped() -> bool:
+    """Whether every name of every registry comes from clbench's own modules (none registered from outside, no
+    outside plugin module known: :func:`clbench.plugins.only_shipped`): then a Config's choices computed from a
+    registry (``MODELS.names()``, ``OPTIMIZERS.names``) are those the index recorded (:mod:`clbench.recorded`)."""
+    return not OUTSIDE and discovery.only_shipped()
+
+
 def _describe_strategy(cls: type) -> str:
     return discovery.strategy_summary(first_line(cls), getattr(cls, "PRESETS", {}))
 
@@ -163,4 +177,5 @@ REGISTRIES: tuple[Registry, ...] = tuple(PLUGINS.values())
 assert {v: r.kind for v, r in PLUGINS.items()} == discovery.VARIABLES
 
 __all__ = ["CALLBACKS", "COMMANDS", "MODELS", "PLUGINS", "REGISTRIES", "SCENARIOS", "STRATEGIES", "PluginError",
-           "Registry", "UnavailableError", "UnknownNameError", "first_line", "load_plugin", "load_plugins"]
+           "Registry", "UnavailableError", "UnknownNameError", "first_line", "load_plugin", "load_plugins",
+           "only_shipped"]

@@ -37,11 +37,12 @@ from typing import Any
 
 import yaml
 
-from clbench import typecheck
+from clbench import recorded, typecheck
 from clbench.config import checked_config, type_hints
 from clbench.errors import ConfigError, check_keys, suggest
 from clbench.names import MAX_NAME, check_path_name
-from clbench.registry import CALLBACKS, SCENARIOS, STRATEGIES, PluginError, load_plugin
+from clbench.plugins import record
+from clbench.registry import CALLBACKS, SCENARIOS, STRATEGIES, PluginError, load_plugin, only_shipped
 from clbench.specs import ScenarioEntry, StrategyEntry, SuiteSpec, check_seeds
 from clbench.typecheck import brief
 
@@ -198,16 +199,17 @@ def _check_kinds(source: str, scenarios: list[ScenarioEntry], strategies: list[S
                                   f"strategy of a suite runs on every scenario, so put them in separate suites.")
 
 
-def _check_sizes(source: str, scenarios: list[ScenarioEntry], strategies: list[StrategyEntry]) -> None:
-    """Every value an entry sets for a field bounded by a scenario size (its declared ``at_most``, else the generic
-    rule of :data:`clbench.typecheck.SIZE_BOUNDS`: ``mem_size``, ``n_shards``) is at most that size of every
-    scenario of the suite that declares its sizes (the factory's ``sizes(**args)``, computed without loading the
-    data): a memory larger than the stream would be the same run as one of the stream's size under another number,
-    and more shards than samples fail in the run."""
-    sizes = [getattr(SCENARIOS.get(s.name), "sizes", None) for s in scenarios]
-    known = [(j, s, found(**s.args)) for j, (s, found) in enumerate(zip(scenarios, sizes)) if found is not None]
-    for i, strategy in enumerate(strategies):
-        declared = typecheck.declarations(STRATEGIES.get(strategy.name).Config)
+def _check_sizes(source: str, scenarios: list[tuple[ScenarioEntry, dict[str, int] | None]],
+                 strategies: list[tuple[int, StrategyEntry, type]]) -> None:
+    """Every value an entry ``(i, strategies[i], its Config)`` sets for a field bounded by a scenario size (its
+    declared ``at_most``, else the generic rule of :data:`clbench.typecheck.SIZE_BOUNDS`: ``mem_size``,
+    ``n_shards``) is at most that size of every scenario whose sizes are known (``(scenarios[j], sizes or None)``:
+    the factory's ``sizes(**args)``, computed without loading the data, or recorded in the registries' index): a
+    memory larger than the stream would be the same run as one of the stream's size under another number, and more
+    shards than samples fail in the run."""
+    known = [(j, s, size) for j, (s, size) in enumerate(scenarios) if size is not None]
+    for i, strategy, config in strategies:
+        declared = typecheck.declarations(config)
         for name, value in strategy.args.items():
             bound = declared[name].bound_for(name) if name in declared else None
             for j, scenario, size in known if bound is not None and isinstance(value, int) else ():
@@ -217,6 +219,33 @@ def _check_sizes(source: str, scenarios: list[ScenarioEntry], strategies: list[S
                         f"{size[bound]:,} {typecheck.SCENARIO_SIZES[bound]} of scenarios[{j}] ({scenario.key}); "
                         f"set {name} to at most {size[bound]:,} (every strategy of a suite runs on every scenario: "
                         f"put the entries in separate suites to use other values).")
+
+
+def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategies: list[dict]) -> None:
+    """The values checked from the registries' index, before any strategy or scenario module is imported: each
+    strategy entry's preset and args against the stand-in of its ``Config`` the index records (unknown fields,
+    types, ranges, choices, preset names, ``only_with`` equalities: :func:`clbench.config.checked_config`, the
+    code and messages of the full check), then the fields bounded by a scenario size against the sizes the index
+    records for each scenario's arguments (:func:`_check_sizes`). What the index does not record
+    (:mod:`clbench.recorded`) is left to the full check, which runs after, and so is ``model_args`` (checked against
+    the model factory's signature, which needs the model's module): an entry that sets it is not checked here, a
+    preset's is left out."""
+    computed_choices = only_shipped()
+    checked = []
+    for i, item in enumerate(raw_strategies):
+        found = record("strategy", item["name"])
+        strategy = recorded.stand_in(found, computed_choices) if found is not None else None
+        args = item.get("args", {})
+        if strategy is None or "model_args" in args:
+            continue
+        strategy.PRESETS = {name: {k: v for k, v in values.items() if k != "model_args"}
+                            for name, values in strategy.PRESETS.items()}
+        values, config = checked_config(item["name"], item.get("preset"), args,
+                                        f"{source}: strategies[{i}] ({item['name']})", strategy)
+        checked.append((i, StrategyEntry(name=item["name"], args=values, label=item.get("label", "")), type(config)))
+    scenarios = [ScenarioEntry(name=s["name"], args=s.get("args", {}), label=s.get("label", "")) for s in raw_scenarios]
+    _check_sizes(source, [(s, recorded.recorded_sizes(record("scenario", s.name), s.args)) for s in scenarios],
+                 checked)
 
 
 def _installed(module: str) -> bool:
@@ -270,6 +299,7 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         if dupes:
             raise ConfigError(f"{source}: {kind} {brief(dupes[0])} appears twice; give the entries distinct 'label's.")
+    _check_recorded_values(source, raw_scenarios, raw_strategies)
 
     scenarios = []
     for i, item in enumerate(raw_scenarios):
@@ -293,7 +323,9 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
                                         args=args, label=item.get("label", ""), callbacks=callbacks))
 
     _check_kinds(source, scenarios, strategies)
-    _check_sizes(source, scenarios, strategies)
+    sizes = [getattr(SCENARIOS.get(s.name), "sizes", None) for s in scenarios]
+    _check_sizes(source, [(s, found and found(**s.args)) for s, found in zip(scenarios, sizes)],
+                 [(i, s, STRATEGIES.get(s.name).Config) for i, s in enumerate(strategies)])
     return SuiteSpec(name=name, scenarios=tuple(scenarios), strategies=tuple(strategies),
                      seeds=tuple(seeds), description=str(data.get("description", "")), source=source)
 

@@ -136,10 +136,21 @@ class UsedOnlyWith:
     example: Any
 
 
+@dataclass(frozen=True)
+class Equals:
+    """The test of :func:`only_with`: ``v == value``. A value, not a function, so that the registries' index can
+    record it (:mod:`clbench.recorded`) and the torch-free phase of suite loading can check it."""
+
+    value: Any
+
+    def __call__(self, v: Any) -> bool:
+        return v == self.value
+
+
 def only_with(other: str, value: Any) -> UsedOnlyWith:
     """Used only when field ``other`` equals ``value`` (``only_with("optimizer", "sgd")``)."""
     wanted = str(value).lower() if isinstance(value, bool) else str(value)
-    return UsedOnlyWith(other, lambda v: v == value, wanted, value)
+    return UsedOnlyWith(other, Equals(value), wanted, value)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 
 from clbench import suite_file, typecheck
 from clbench.errors import ConfigError
-from clbench.registry import SCENARIOS
+from clbench.registry import SCENARIOS, STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -223,13 +223,9 @@ MALFORMED = {
 }
 
 
-def test_a_malformed_suite_is_refused_without_importing_torch_avalanche_or_a_plugin_module(tmp_path):
-    """Each malformed file: one error line, exit code 2, and neither torch, Avalanche nor a strategy or scenario
-    module imported (the refusal costs no import; benchmarks/refusal_time.py measures it)."""
-    paths = []
-    for name, text in MALFORMED.items():
-        paths.append(tmp_path / f"{name.replace(' ', '_')}.yaml")
-        paths[-1].write_text(text)
+def _refusals_in_a_fresh_process(paths: list[Path]) -> tuple[list, list[str]]:
+    """``([exit code, stderr] per suite file, the heavy modules imported)`` of ``clbench --suite FILE`` run on each
+    file in one fresh process: torch, Avalanche and the strategy, scenario and model modules count as heavy."""
     code = ("import contextlib, io, json, sys\nfrom clbench.cli import main\nout = []\n"
             "for path in sys.argv[1:]:\n    err = io.StringIO()\n"
             "    with contextlib.redirect_stderr(err):\n"
@@ -239,11 +235,119 @@ def test_a_malformed_suite_is_refused_without_importing_torch_avalanche_or_a_plu
             "m.startswith(('clbench.strategies.', 'clbench.scenarios.', 'clbench.models.')))\n"
             "print(json.dumps([out, heavy]))")
     done = subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True, text=True, cwd=ROOT)
-    results, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _written(tmp_path: Path, texts: dict[str, str]) -> list[Path]:
+    paths = [tmp_path / f"{name.replace(' ', '_')}.yaml" for name in texts]
+    for path, text in zip(paths, texts.values()):
+        path.write_text(text)
+    return paths
+
+
+def test_a_malformed_suite_is_refused_without_importing_torch_avalanche_or_a_plugin_module(tmp_path):
+    """Each malformed file: one error line, exit code 2, and neither torch, Avalanche nor a strategy or scenario
+    module imported (the refusal costs no import; benchmarks/refusal_time.py measures it)."""
+    paths = _written(tmp_path, MALFORMED)
+    results, heavy = _refusals_in_a_fresh_process(paths)
     for path, (code, err) in zip(paths, results):
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {path}"), (path.name, err)
     assert heavy == [], heavy
+
+
+VALUES = {      # a wrong value that only the strategy's Config or the scenario's sizes know: (file, its refusal)
+    "epochs -1": ("suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: {epochs: -1}}\n",
+                  "strategies[0] (replay): args.epochs: -1 is out of range: epochs must be >= 1"),
+    "mem_size above the stream": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: {mem_size: 100000}}\n",
+        "strategies[0] (replay): args.mem_size 100,000 is more than the 1,257 training samples in the whole stream "
+        "of scenarios[0] (split_digits); set mem_size to at most 1,257 (every strategy of a suite runs on every "
+        "scenario: put the entries in separate suites to use other values)."),
+    "unknown optimizer": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: {optimizer: sgdd}}\n",
+        "strategies[0] (replay): args.optimizer: unknown optimizer 'sgdd'. Did you mean 'sgd'? Choose one of: adam, "
+        "adamw, sgd."),
+}
+
+
+def test_a_wrong_value_is_refused_from_the_index_without_importing_torch_avalanche_or_the_strategy(tmp_path):
+    """A value out of the Config's range, a choice the Config does not offer and a memory larger than the stream:
+    the full check's line, from what the registries' index records (clbench.recorded), with no heavy import."""
+    paths = _written(tmp_path, {name: text for name, (text, _) in VALUES.items()})
+    results, heavy = _refusals_in_a_fresh_process(paths)
+    for path, (_, line), (code, err) in zip(paths, VALUES.values(), results):
+        assert (code, err) == (2, f"error: {path}: {line}\n")
+    assert heavy == [], heavy
+
+
+@pytest.mark.parametrize(("scenarios", "strategies"), [
+    (["split_digits"], [{"name": "replay", "args": {"epochs": -1}}]),
+    (["split_digits"], ["naive", {"name": "replay", "args": {"mem_sise": 10}}]),
+    (["split_digits"], [{"name": "ewc", "args": {"lr": "fast"}}]),
+    (["split_digits"], [{"name": "ewc", "args": {"mode": "offline"}}]),
+    (["split_digits"], [{"name": "ewc", "args": {"mode": "online", "decay_factor": 0}}]),
+    (["split_digits"], [{"name": "ewc", "args": {"decay_factor": 0.5}}]),
+    (["split_digits"], [{"name": "replay", "args": {"optimizer": "sgdd"}}]),
+    (["split_digits"], [{"name": "replay", "args": {"model": "mlpp"}}]),
+    (["split_digits"], [{"name": "replay", "preset": "cpuu"}]),
+    (["split_digits"], [{"name": "replay", "preset": "cpu", "args": {"momentum": 0.5}}]),
+    (["split_digits"], [{"name": "seqrec", "args": {"sigma_dp": 1.0}}]),
+    (["split_digits"], [{"name": "replay", "args": {"mem_size": 1258}}]),
+    (["split_digits"], [{"name": "taft_shards", "preset": "cpu", "args": {"n_shards": 249}}]),
+    (["split_digits"], [{"name": "lora", "preset": "full", "args": {"lr": 0}}]),
+    ([{"name": "split_mnist", "args": {"max_per_class": 200, "n_experiences": 5}}],
+     [{"name": "der_dark", "args": {"mem_size": 2001}}]),
+])
+def test_the_index_refuses_a_value_with_the_line_of_the_full_check(monkeypatch, scenarios, strategies):
+    """Each value refused before any import (from the index's records) is refused in the same words by the full
+    check (the index disabled)."""
+    monkeypatch.setattr(suite_file, "only_shipped", lambda: True)   # this process has test plugins registered
+    entries = [[{"name": e} if isinstance(e, str) else e for e in entries] for entries in (scenarios, strategies)]
+    with pytest.raises(ConfigError) as early:
+        suite_file._check_recorded_values("s.yaml", *entries)
+    monkeypatch.setattr(suite_file, "record", lambda kind, name: None)
+    assert str(early.value) == _refused(scenarios, strategies)
+
+
+def test_the_index_leaves_to_the_full_check_what_it_does_not_record(monkeypatch):
+    """Sizes for arguments no shipped suite gives, ``model_args`` in args, an ``only_with`` that is a function, and
+    a model registered outside clbench (computed choices are then the full check's) are not refused early."""
+    from clbench import plugins, registry
+
+    monkeypatch.setattr(registry, "OUTSIDE", set())
+    monkeypatch.setattr(plugins, "only_shipped", lambda: True)     # no outside plugin module known
+    monkeypatch.setattr(suite_file, "only_shipped", registry.only_shipped)
+    digits, outside_net = [{"name": "split_digits"}], [{"name": "replay", "args": {"model": "outside_net"}}]
+    suite_file._check_recorded_values("s.yaml", [{"name": "split_digits", "args": {"test_fraction": 0.2}}],
+                                      [{"name": "replay", "args": {"mem_size": 1438}}])
+    suite_file._check_recorded_values("s.yaml", digits,
+                                      [{"name": "replay", "args": {"epochs": -1, "model_args": {}}},
+                                       {"name": "dytox", "args": {"warmup_epochs": 0, "warmup_lr": 0.1}}])
+    with pytest.raises(ConfigError, match="unknown model 'outside_net'"):
+        suite_file._check_recorded_values("s.yaml", digits, outside_net)
+    monkeypatch.setattr(registry.MODELS, "_entries", {**registry.MODELS._entries})
+    monkeypatch.setattr(registry.MODELS, "origins", {**registry.MODELS.origins})
+    registry.MODELS.register("outside_net")(object)
+    suite_file._check_recorded_values("s.yaml", digits, outside_net)
+
+
+def test_every_shipped_strategy_and_every_scenario_with_sizes_is_recorded_in_the_index():
+    from clbench.plugins import INDEX_FILE
+
+    modules = json.loads(INDEX_FILE.read_text())["modules"].values()
+    recorded = {kind: set().union(*(m.get("records", {}).get(kind, {}) for m in modules))
+                for kind in ("strategy", "scenario")}
+    assert recorded["strategy"] == set(STRATEGIES.names())
+    assert recorded["scenario"] == {n for n in SCENARIOS.names() if getattr(SCENARIOS.get(n), "sizes", None)}
+
+
+def test_a_record_is_not_used_once_a_module_it_depends_on_changed(monkeypatch):
+    from clbench import plugins
+
+    assert plugins.record("strategy", "replay") is not None and plugins.record("scenario", "split_digits")
+    monkeypatch.setattr(plugins, "_sha256_of", lambda module: "edited since")
+    assert plugins.record("strategy", "replay") is None and plugins.record("scenario", "split_digits") is None
 
 
 def test_the_suite_files_refusal_benchmark_runs(tmp_path):
@@ -251,7 +355,6 @@ def test_the_suite_files_refusal_benchmark_runs(tmp_path):
                           text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "duplicated key" in done.stdout and "error:" not in done.stdout
-
 
 
 # ------------------------------------------------------------------ the loader's building blocks (mutation testing)

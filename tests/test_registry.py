@@ -50,6 +50,23 @@ def test_index_is_current():
     assert build_index() == json.loads(INDEX_FILE.read_text()), "the registries' index is stale: run `make lists`"
 
 
+def test_a_changed_config_declaration_makes_the_index_stale(monkeypatch):
+    """The index records each strategy's Config declarations (the torch-free phase of suite loading checks values
+    against them): changing one (here replay's ``mem_size`` range) changes what :func:`build_index` writes, so
+    :func:`test_index_is_current` fails until ``make lists``."""
+    from clbench.plugins import INDEX_FILE, build_index
+    from clbench.typecheck import METADATA_KEY, Declared, Range
+
+    def replay(index: dict) -> dict:
+        return index["modules"]["clbench.strategies.baselines"]["records"]["strategy"]["replay"]
+
+    field = STRATEGIES.get("replay").Config.__dataclass_fields__["mem_size"]
+    monkeypatch.setattr(field, "metadata", {METADATA_KEY: Declared(within=Range(10))})
+    record = next(f for f in replay(build_index())["fields"] if f["name"] == "mem_size")
+    assert record["within"]["low"] == 10
+    assert record != next(f for f in replay(json.loads(INDEX_FILE.read_text()))["fields"] if f["name"] == "mem_size")
+
+
 def test_reading_a_module_finds_every_name_it_registers_or_says_it_cannot():
     """Without the index (a module edited since), names come from the module's code: each name a shipped module
     registers is found there, or its registry is marked as needing the import."""
