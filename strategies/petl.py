@@ -2,7 +2,7 @@
 (``init``, e.g. from ``run_bench.py pretrain``) with PETL modules (:mod:`clbench.petl`) and a classifier.
 
 For every method ``m`` of :data:`clbench.petl.METHODS` (prefix, adapter_seq, adapter_par, scaled_par_adapter,
-mh_par_adapter, lora, mam) three strategies are registered:
+mh_par_adapter, lora, mam, and the controls head_only and full_finetune) three strategies are registered:
 
 - ``m``: ONE module set trained sequentially over the experiences with an incremental classifier (Avalanche's
   ``IncrementalClassifier``) and an optional rehearsal memory (``mem_size`` > 0; a kind of :data:`clbench.cl.MEMORIES`):
@@ -19,8 +19,13 @@ mh_par_adapter, lora, mam) three strategies are registered:
 
 Training runs through Avalanche's ``SupervisedTemplate`` (:class:`PETLTemplate`, set up by
 :class:`clbench.cl.PhasedTemplate`, which also trains on ``D_t ∪ M``), cross-entropy, and only the PETL parameters and
-the classifier in the optimizer; the backbone's weights stay bitwise unchanged. Extra metrics: ``trainable_pct`` =
-100 · (PETL parameters of one module set) / (backbone parameters, head excluded), and ``route_acc`` for ``_per_task``.
+the classifier in the optimizer; the pre-trained backbone's weights stay bitwise unchanged. The controls go through
+the same code: ``head_only`` has an empty module set (only the classifier trains: a linear probe), ``full_finetune``
+a module set that is a trainable copy of the backbone (:meth:`clbench.petl.PETLViT.new_set`), so its ``_per_task``
+form trains a whole ViT per experience (routed by the pre-trained ``φ_0``) and its ``_merge`` form averages whole
+fine-tuned ViTs (a model soup). Extra metrics: ``trainable_pct`` = 100 · (parameters of one deployed module set,
+backbone copy included) / (backbone parameters, head excluded): 0 for ``head_only``, 100 for ``full_finetune``; and
+``route_acc`` for ``_per_task``.
 """
 
 from __future__ import annotations
@@ -85,8 +90,9 @@ class PETLStrategyConfig(MethodArgs):
         if self.method:
             unused = unused_fields(self.method, self)
             if unused:
+                reads = ", ".join(METHODS.get(self.method).reads) or "no size setting"
                 raise ValueError(f"{', '.join(unused)}: not used by the PETL method {self.method!r} (it reads "
-                                 f"{', '.join(METHODS.get(self.method).reads)}); remove the key.")
+                                 f"{reads}); remove the key.")
             build_method(self.method, self).check_fits(vit_shape(self.model_args))
 
 
@@ -136,7 +142,8 @@ class TaskHead(nn.Module):
 
 
 class PETLClassifier(nn.Module):
-    """``logits = head(backbone(x))`` with the module set ``petl`` active; the backbone stays in eval mode."""
+    """``logits = head(backbone(x))`` with the module set ``petl`` active (full fine-tuning: its copy of the
+    backbone runs); the backbone stays in eval mode."""
 
     def __init__(self, backbone: PETLViT, petl: PETLSet, head: nn.Module) -> None:
         super().__init__()
@@ -157,7 +164,8 @@ class PETLClassifier(nn.Module):
 
 class PETLTemplate(PhasedTemplate):
     """Avalanche's supervised loop on ``D_t ∪ M`` (:class:`PhasedTemplate`) with cross-entropy, whose optimizer holds
-    only the trainable parameters (the PETL set and the head); a fresh optimizer per experience."""
+    only the trainable parameters (the module set, full fine-tuning's backbone copy included, and the head); a fresh
+    optimizer per experience."""
 
     def __init__(self, *, model: PETLClassifier, config: PETLStrategyConfig, memory, device: torch.device) -> None:
         super().__init__(model=model, memory=memory, phase=Phase(epochs=config.epochs, schedule=Schedule(config.lr)),
@@ -206,7 +214,7 @@ class PETLStrategy(StrategyBase):
         raise NotImplementedError
 
     def new_set(self) -> PETLSet:
-        return PETLSet(self.petl_config, self.backbone.shape).to(self.device)
+        return self.backbone.new_set(self.petl_config).to(self.device)
 
     def new_head(self, t: int) -> nn.Module:
         return TaskHead(self.backbone.shape.dim, self.info.class_range(t), self.info.n_classes).to(self.device)
@@ -220,18 +228,23 @@ class PETLStrategy(StrategyBase):
         with self.backbone.use(None):
             return self.backbone(x.to(self.device))
 
+    def deployed_backbone(self) -> tuple[nn.Module, ...]:
+        """The frozen backbone when predictions run through it: not for full fine-tuning's shared and merged forms,
+        whose module set carries the backbone they predict with."""
+        return () if self.petl_config.train_backbone else (self.backbone,)
+
     def modules(self) -> dict[str, nn.Module]:
-        """What callbacks hook: the model the template trains now (its module set and head; the frozen backbone
-        inside it has no trainable parameters)."""
+        """What callbacks hook: the model the template trains now (its module set, with full fine-tuning's backbone
+        copy, and its head; the frozen backbone inside it has no trainable parameters)."""
         return {"model": self.template.model}
 
     def extra_metrics(self) -> dict[str, float]:
         """``trainable_pct``: the deployed module set (a reparametrized prefix counted merged, as He et al. count
-        budgets) over the backbone's parameters."""
-        return {"trainable_pct": 100.0 * self.petl_config.deployed_count(self.backbone.shape) / self.backbone_params}
-
-    def num_parameters(self) -> ParamCount:
-        return ParamCount.of(self.template.model)
+        budgets; full fine-tuning: the whole backbone) over the backbone's parameters."""
+        trained = self.petl_config.deployed_count(self.backbone.shape)
+        if self.petl_config.train_backbone:
+            trained += self.backbone_params
+        return {"trainable_pct": 100.0 * trained / self.backbone_params}
 
 
 class SharedPETL(PETLStrategy):
@@ -263,6 +276,10 @@ class SharedPETL(PETLStrategy):
     def predict(self, x: Tensor, task_labels: Tensor | None) -> Tensor:
         self.model.eval()
         return self.model(x.to(self.device))
+
+    def num_parameters(self) -> ParamCount:
+        """The deployed model: the frozen backbone (unless the set carries its own), the module set, the head."""
+        return ParamCount.of(*self.deployed_backbone(), self.model.petl, self.model.head)
 
 
 class _SetPerExperience(PETLStrategy):
@@ -378,8 +395,9 @@ class MergedPETL(_SetPerExperience):
             return self._heads_logits(self.backbone(x.to(self.device)))
 
     def num_parameters(self) -> ParamCount:
-        """The deployed model: backbone, the merged set, the heads (the per-experience sets are training-time)."""
-        return ParamCount.of(self.backbone, self.merged, self.heads)
+        """The deployed model: the frozen backbone (unless the merged set carries its own), the merged set, the heads
+        (the per-experience sets are training-time)."""
+        return ParamCount.of(*self.deployed_backbone(), self.merged, self.heads)
 
 
 VARIANTS: dict[str, type[PETLStrategy]] = {"": SharedPETL, "_per_task": PerTaskPETL, "_merge": MergedPETL}

@@ -3,6 +3,7 @@ gated-attention identity (float64, hand-computed per head), LoRA against an expl
 merged vs unmerged, the per-head adapter against a per-head loop, closed-form trainable counts (and hand-computed
 numbers), and the config's refusal of combinations outside the unified view."""
 
+import copy
 import math
 
 import pytest
@@ -45,8 +46,11 @@ def _images(dtype=torch.float32) -> torch.Tensor:
     return torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(7)).to(dtype)
 
 
+CONTROLS = ("head_only", "full_finetune")          # the family's controls: no PETL module
+
+
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("name", [n for n in METHODS.names() if n not in ("prefix", "mam")])
+@pytest.mark.parametrize("name", [n for n in METHODS.names() if n not in ("prefix", "mam", *CONTROLS)])
 def test_zero_initialized_methods_return_the_base_output_bitwise(name, fused):
     vit = _vit(fused)
     x = _images()
@@ -299,6 +303,40 @@ def test_reparametrized_prefix_merges_into_the_mlp_output():
         assert torch.equal(model(x), before)
     assert sum(p.numel() for p in petl.parameters()) == 2 * L * 5 * d == config.deployed_count(model.shape)
     assert config.trainable_count(model.shape) > config.deployed_count(model.shape)
+
+
+def test_controls_have_no_module_and_full_finetuning_runs_a_trainable_copy_of_the_backbone():
+    """head_only: an empty set, the frozen ViT's output bitwise, no hook. full_finetune: the set holds a copy of the
+    ViT with every weight trainable (its count is the ViT's), the copy runs while the set is active (a change to
+    it changes the output) and the frozen ViT is untouched; a copy on a PETL set, or modules on full fine-tuning,
+    are refused."""
+    vit = _vit()
+    x = _images()
+    base = vit(x)
+    for name in CONTROLS:
+        assert build_method(name).modifications == ()
+    head = inject(copy.deepcopy(vit), build_method("head_only"))
+    petl = head.new_set(build_method("head_only"))
+    assert sum(p.numel() for p in petl.parameters()) == 0 and petl.backbone is None
+    with head.use(petl):
+        assert torch.equal(head(x), base)
+    config = build_method("full_finetune")
+    model = inject(vit, config)
+    petl = model.new_set(config)
+    own = dict(vit.named_parameters())
+    assert sum(p.numel() for p in petl.parameters()) == sum(p.numel() for p in own.values())
+    assert all(p.requires_grad and torch.equal(p, own[n]) for n, p in petl.backbone.named_parameters())
+    assert not any(p.requires_grad for p in vit.parameters()) and not petl.train().backbone.training
+    with model.use(petl):
+        assert torch.equal(model(x), base)
+        with torch.no_grad():
+            petl.backbone.norm.bias.add_(1.0)
+        assert not torch.allclose(model(x), base, atol=1e-3)
+    assert torch.equal(model(x), base)                       # no set active: the frozen ViT
+    with pytest.raises(ValueError, match="full fine-tuning"):
+        PETLConfig((Modification("adapter", "ffn", "parallel", "add", 3),), train_backbone=True)
+    with pytest.raises(ValueError, match="backbone copy"):
+        PETLSet(build_method("lora", ARGS), model.shape, backbone=copy.deepcopy(vit))
 
 
 def test_unset_sizes_take_the_method_default_and_set_ones_are_used_as_written():

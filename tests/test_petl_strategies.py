@@ -17,7 +17,7 @@ from clbench.strategies.petl import OUTSIDE
 from clbench.suite_file import parse_suite
 
 VIT = {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 2}
-SMALL = {"model_args": VIT, "size": 2, "epochs": 2, "batch_size": 16}
+SMALL = {"model_args": VIT, "epochs": 2, "batch_size": 16}
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,10 @@ def checkpoint(scenario, tmp_path_factory):
 
 def _strategy(name, scenario, checkpoint, **args):
     seed_everything(0)
-    mam = {"prefix_length": 2} if STRATEGIES.get(name).method == "mam" else {}
-    config = build_config(name, "cpu", {**SMALL, **mam, "init": checkpoint, **args})
+    method = STRATEGIES.get(name).method
+    sizes = {"size": 2} if "size" in METHODS.get(method).reads else {}        # the controls have no size
+    mam = {"prefix_length": 2} if method == "mam" else {}
+    config = build_config(name, "cpu", {**SMALL, **sizes, **mam, "init": checkpoint, **args})
     return STRATEGIES.get(name)(scenario.info, "cpu", config)
 
 
@@ -159,6 +161,91 @@ def test_callbacks_fire_and_the_optimizer_holds_only_petl_and_head(name, scenari
     assert counter.params == 2 * 2 * 2 * 16 + (16 * 2 + 2)      # prefix 2Lld + head over 2 classes
 
 
+# ------------------------------------------------------------------------ the controls: head only, full fine-tuning
+def _test_data(scenario, t):
+    data = scenario.test_stream[t].dataset.eval()
+    return torch.stack([data[i][0] for i in range(len(data))]), torch.tensor([data[i][1] for i in range(len(data))])
+
+
+def _counted(strategy, experience):
+    """Trains ``experience`` with a :class:`_Count` attached; returns it (optimizer steps, parameters held)."""
+    counter = _Count()
+    counter.setup(CallbackContext())
+    strategy.callbacks.callbacks.append(counter)
+    strategy.train(experience)
+    strategy.callbacks.callbacks.remove(counter)
+    return counter
+
+
+@pytest.mark.parametrize("name", ["head_only", "head_only_per_task", "head_only_merge"])
+def test_head_only_trains_the_classifier_alone(name, scenario, checkpoint):
+    """Every backbone weight stays bitwise the checkpoint's, the module sets hold no parameter, the optimizer holds
+    exactly the head (16 · c + c for its c classes), the head changes and trainable_pct is exactly 0."""
+    strategy = _strategy(name, scenario, checkpoint)
+    vit = strategy.backbone.vit
+    before = {k: v.clone() for k, v in vit.state_dict().items()}
+    for t, experience in enumerate(scenario.train_stream):
+        counter = _counted(strategy, experience)
+        head = strategy.model.head if hasattr(strategy, "model") else strategy.heads[t]
+        classes = scenario.info.n_seen(t) if hasattr(strategy, "model") else 2      # incremental / own classes
+        assert counter.params == sum(p.numel() for p in head.parameters()) == 16 * classes + classes
+    assert all(torch.equal(v, before[k]) for k, v in vit.state_dict().items())
+    sets = strategy.sets if hasattr(strategy, "sets") else [strategy.model.petl]
+    assert all(sum(p.numel() for p in s.parameters()) == 0 for s in [*sets, strategy.new_set()])
+    fresh = _strategy(name, scenario, checkpoint)
+    if hasattr(fresh, "model"):                 # the shared head exists before training: it changed
+        assert not torch.equal(head.classifier.weight[:2], fresh.model.head.classifier.weight)
+    assert strategy.extra_metrics()["trainable_pct"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["full_finetune", "full_finetune_per_task", "full_finetune_merge"])
+def test_full_finetuning_trains_every_backbone_weight(name, scenario, checkpoint):
+    """The optimizer holds every backbone weight and the head; every tensor of the trained backbone moves away from
+    the checkpoint; the pre-trained backbone (φ_0: routing, replay features) stays bitwise the checkpoint's;
+    trainable_pct is exactly 100; _merge deploys the mean of the per-experience backbones, all started from the
+    checkpoint, and counts no frozen backbone beside it."""
+    strategy = _strategy(name, scenario, checkpoint)
+    vit = strategy.backbone.vit
+    saved = {k: v.clone() for k, v in vit.state_dict().items()}
+    for t, experience in enumerate(scenario.train_stream):
+        classes = scenario.info.n_seen(t) if hasattr(strategy, "model") else 2      # incremental / own classes
+        assert _counted(strategy, experience).params == strategy.backbone_params + 16 * classes + classes
+    assert all(torch.equal(v, saved[k]) for k, v in vit.state_dict().items())
+    trained = strategy.sets if hasattr(strategy, "sets") else [strategy.model.petl]
+    for petl in trained:
+        assert all(not torch.equal(p, saved[n]) for n, p in petl.backbone.named_parameters())
+    assert strategy.extra_metrics()["trainable_pct"] == 100.0
+    if name.endswith("_merge"):
+        first, second = (dict(s.backbone.named_parameters()) for s in strategy.sets)
+        for n, p in strategy.merged.backbone.named_parameters():
+            torch.testing.assert_close(p, (first[n] + second[n]) / 2, rtol=0, atol=1e-7)
+        assert all(torch.equal(p, saved[n]) for n, p in strategy.init_set.backbone.named_parameters())
+        assert strategy.num_parameters().total == strategy.backbone_params + 2 * (16 * 2 + 2)   # no frozen copy
+
+
+def test_private_full_finetuning_clips_every_backbone_weight_per_sample(scenario, checkpoint):
+    """What the dp callback hooks (``modules()``) holds the trainable backbone, and the per-sample gradient norms
+    from clbench.privacy's rules equal vmap(grad)'s over all trainable parameters (float64, 1e-6 relative), with the
+    head and with the backbone alone (non-zero): no backbone weight is skipped by per-sample clipping. (After one
+    experience: before it, the incremental head masks every class and all gradients are 0.)"""
+    from clbench.privacy import per_sample_grad_norms
+    from tests.test_privacy_norms import RTOL, ce, vmap_norms
+
+    strategy = _strategy("full_finetune", scenario, checkpoint, epochs=1)
+    strategy.train(scenario.train_stream[0])
+    model = strategy.modules()["model"].double().train()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert {f"petl.backbone.{n}" for n, _ in strategy.backbone.vit.named_parameters()} < trainable
+    x, y = _test_data(scenario, 0)
+    x, y = x[:6].double(), y[:6]
+    with_head = per_sample_grad_norms(model, ce, x, y)
+    torch.testing.assert_close(with_head, vmap_norms(model, ce, x, y), rtol=RTOL, atol=0)
+    model.head.requires_grad_(False)
+    backbone = per_sample_grad_norms(model, ce, x, y)
+    torch.testing.assert_close(backbone, vmap_norms(model, ce, x, y), rtol=RTOL, atol=0)
+    assert (backbone > 0).all() and (backbone < with_head).all()
+
+
 # ------------------------------------------------------------------ settings refused at load (issue 26's probes)
 def _load(name, args, model_args=None):
     """The suite loader on one entry (the ViT of the shipped suites: d = 64, 3 blocks, 4 heads)."""
@@ -180,6 +267,8 @@ def _load(name, args, model_args=None):
     ("lora", {"prefix_length": 4}, "prefix_length"),        # read by MAM only
     ("adapter_par", {"scale": 2.0}, "scale"),               # plain add: no s
     ("adapter_par_merge", {"lora_alpha": 8.0}, "lora_alpha"),
+    ("head_only", {"size": 3}, "no size setting"),       # the controls have no module to size
+    ("full_finetune_merge", {"placement": "ffn"}, "placement"),
 ])
 def test_settings_that_would_not_train_as_written_are_refused_at_load(name, args, key):
     with pytest.raises(ConfigError) as error:

@@ -3,7 +3,7 @@
 - :mod:`.config`: :class:`Modification` (functional form, insertion, modified representation, composition),
   :class:`PETLConfig`, closed-form parameter counts;
 - :mod:`.methods`: the methods by name (:data:`METHODS`: prefix, adapter_seq, adapter_par, scaled_par_adapter,
-  mh_par_adapter, lora, mam);
+  mh_par_adapter, lora, mam; and the controls head_only and full_finetune);
 - :mod:`.modules`: adapters, per-head adapters, LoRA, prefixes and one module set (:class:`PETLSet`);
 - :mod:`.inject`: hooks in a frozen ViT (:func:`inject`), set switching, LoRA merge/unmerge;
 - :mod:`.rules`: per-sample gradient norm rules of the modules (private training), registered on import.

@@ -119,20 +119,26 @@ class ViTShape:
 
 @dataclass(frozen=True)
 class PETLConfig:
-    """A PETL method: its modifications (at most one per block location :attr:`Modification.key`)."""
+    """A PETL method: its modifications (at most one per block location :attr:`Modification.key`), or one of the
+    two controls of the family: no modification with the backbone frozen (head only, a linear probe) or with every
+    backbone weight trained (``train_backbone``: full fine-tuning, He et al.'s upper reference; the module set then
+    holds a trainable copy of the ViT, :meth:`clbench.petl.PETLViT.new_set`)."""
 
-    modifications: tuple[Modification, ...]
+    modifications: tuple[Modification, ...] = ()
+    train_backbone: bool = False
 
     def __post_init__(self) -> None:
         keys = [m.key for m in self.modifications]
-        if not keys:
-            raise ValueError("a PETL method needs at least one modification.")
+        if self.train_backbone and keys:
+            raise ValueError(f"full fine-tuning (train_backbone) trains the backbone itself; PETL modifications "
+                             f"{keys} on top of it are not a method here.")
         if len(set(keys)) != len(keys):
             raise ValueError(f"two modifications at the same place {keys}; combine them into one method "
                              f"with distinct representations.")
 
     def trainable_count(self, shape: ViTShape) -> int:
-        """Number of PETL parameters trained, in closed form (see :func:`modification_count`)."""
+        """Number of PETL parameters trained, in closed form (see :func:`modification_count`); 0 for the controls
+        (full fine-tuning's copy of the backbone is not a PETL parameter)."""
         return sum(modification_count(m, shape) for m in self.modifications)
 
     def deployed_count(self, shape: ViTShape) -> int:

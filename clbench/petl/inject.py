@@ -14,7 +14,10 @@ Per block (pre-norm timm block, ``x`` = the normalized sublayer input, ``h`` = t
                 [P_v^i; x W_v^i]),  then h ← h + Δh (Δh from x: parallel; from h: sequential)
     FFN:        h = FFN(x), h ← h + Δh
 
-With no active set (or zero-initialized modules) every hook returns exactly what the base module returns. The
+With no active set (or zero-initialized modules) every hook returns exactly what the base module returns. A full
+fine-tuning set (``PETLConfig.train_backbone``, no modifications, so no hooks) holds its own trainable copy of the ViT
+(:meth:`PETLViT.new_set`), which runs in place of the frozen one while the set is active: the frozen ViT stays the
+pre-trained ``φ_0`` for every method. The
 prefix path recomputes timm's attention with the base's own layers (fused SDPA or the explicit softmax, as the base
 is set); it supports unmasked self-attention only, which is what a ViT uses.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from copy import deepcopy
 
 import torch
 from torch import Tensor, nn
@@ -146,15 +150,22 @@ class AttentionHook(nn.Module):
 
 class PETLViT(nn.Module):
     """A frozen timm ViT with PETL hooks (:func:`inject`); ``forward`` uses the set made active by :meth:`use`
-    (none: the base model); ``shape`` is the ViT's :class:`ViTShape`. ``forward: (B, C, H, W) -> (B, d)`` when
-    the ViT's head was reset, else logits."""
+    (none: the base model; a full fine-tuning set: its own copy of the ViT); ``shape`` is the ViT's
+    :class:`ViTShape`. ``forward: (B, C, H, W) -> (B, d)`` when the ViT's head was reset, else logits."""
 
     def __init__(self, vit: nn.Module, slot: Slot, shape: ViTShape) -> None:
         super().__init__()
         self.vit, self.slot, self.shape = vit, slot, shape
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.vit(x)
+        active = self.slot.active
+        return (self.vit if active is None or active.backbone is None else active.backbone)(x)
+
+    def new_set(self, config: PETLConfig) -> PETLSet:
+        """A fresh module set of ``config`` for this ViT; for full fine-tuning (``config.train_backbone``) it holds a
+        trainable copy of the frozen ViT (its pre-trained weights)."""
+        copy = deepcopy(self.vit).requires_grad_(True) if config.train_backbone else None
+        return PETLSet(config, self.shape, backbone=copy)
 
     def activate(self, petl: PETLSet | None) -> None:
         if self.slot.merged:

@@ -1,7 +1,9 @@
 """The PETL methods by name: :data:`METHODS` maps a name to a factory ``MethodArgs -> PETLConfig``.
 
 Every strategy in :mod:`clbench.strategies.petl` (``<method>``, ``<method>_per_task``, ``<method>_merge``) is
-generated from this registry, so adding a method here adds its three strategies.
+generated from this registry, so adding a method here adds its three strategies. Two entries are the family's
+controls, not PETL methods: ``head_only`` (frozen backbone, no module: a linear probe) and ``full_finetune`` (every
+backbone weight trained); they read no size setting.
 
 Defaults (:class:`MethodArgs`, a field left ``None`` takes the method's default): the MAM adapter's sizes from He
 et al. (prefix ``l = 30`` reparametrized by an MLP of width 512, FFN scaled parallel adapter ``r = 512``, ``s = 4``:
@@ -120,6 +122,20 @@ def mam(a: MethodArgs) -> PETLConfig:
     ``s``) on the FFN."""
     return PETLConfig((_prefix(a, a.get("prefix_length")),
                        Modification("adapter", "ffn", "parallel", "scaled", a.get("size", 512), scale=a.get("scale"))))
+
+
+# ---- the family's controls (He et al. compare every method with full fine-tuning): no PETL module, the same
+# strategies, template, optimizer, classifier and checkpoint as the methods above
+@method("head_only", reads=())
+def head_only(a: MethodArgs) -> PETLConfig:
+    """Head only (linear probe): the pre-trained backbone frozen, no PETL module, only the classifier trained."""
+    return PETLConfig()
+
+
+@method("full_finetune", reads=())
+def full_finetune(a: MethodArgs) -> PETLConfig:
+    """Full fine-tuning: every backbone weight trained with the classifier (He et al.'s upper reference)."""
+    return PETLConfig(train_backbone=True)
 
 
 def build_method(name: str, args: MethodArgs | None = None) -> PETLConfig:

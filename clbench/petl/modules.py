@@ -151,11 +151,17 @@ def _block_modules(m: Modification, shape: ViTShape) -> dict[str, nn.Module]:
 class PETLSet(nn.Module):
     """One set of PETL modules for a ViT of ``shape``: ``prefix`` (a :class:`PrefixBank` or None) and
     ``blocks[i]``, a ``ModuleDict`` whose keys (``attn``, ``ffn``, ``heads``, ``qkv``, ``fc1``, ``fc2``) are where
-    the hooks of :mod:`clbench.petl.inject` look. Its parameter count equals ``config.trainable_count(shape)``."""
+    the hooks of :mod:`clbench.petl.inject` look. Its parameter count equals ``config.trainable_count(shape)``, plus
+    the ViT's own with ``backbone``: full fine-tuning's trainable copy of the ViT (``config.train_backbone``; made by
+    :meth:`clbench.petl.PETLViT.new_set`), which then runs in place of the frozen one. The copy stays in eval mode,
+    as the frozen backbone does (no dropout or drop path in any row of the family)."""
 
-    def __init__(self, config: PETLConfig, shape: ViTShape) -> None:
+    def __init__(self, config: PETLConfig, shape: ViTShape, backbone: nn.Module | None = None) -> None:
         super().__init__()
+        if backbone is not None and not config.train_backbone:
+            raise ValueError("a backbone copy belongs to a full fine-tuning set (config.train_backbone) only.")
         self.config, self.shape = config, shape
+        self.backbone = backbone.eval() if backbone is not None else None
         prefix = [m for m in config.modifications if m.form == "prefix"]
         self.prefix = PrefixBank(shape.depth, prefix[0].size, shape.dim, prefix[0].reparam) if prefix else None
         self.blocks = nn.ModuleList()
@@ -165,6 +171,12 @@ class PETLSet(nn.Module):
                 if m.form != "prefix":
                     modules.update(_block_modules(m, shape))
             self.blocks.append(nn.ModuleDict(modules))
+
+    def train(self, mode: bool = True) -> PETLSet:
+        super().train(mode)
+        if self.backbone is not None:
+            self.backbone.eval()
+        return self
 
     def merge_prefix(self) -> PETLSet:
         """Merges a reparametrized prefix into its vectors (:meth:`PrefixBank.merge`); returns ``self``."""
