@@ -1,0 +1,88 @@
+"""benchmarks/budget_curve.py (issue 33): validation scores after every epoch of a suite's rows, the test data
+unread, the training left as it would be without the scoring, and the flattening rule."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from clbench.registry import SCENARIOS
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = """suite: curve
+scenarios:
+  - {name: split_digits, label: digits, args: {n_experiences: 5}}
+strategies:
+  - {name: naive, preset: cpu}
+  - {name: replay, preset: cpu, args: {mem_size: 100}}
+"""
+
+
+@pytest.fixture(scope="module")
+def budget_curve():
+    """The script as a module (registered in ``sys.modules`` while the tests run: its dataclass needs it)."""
+    spec = importlib.util.spec_from_file_location("budget_curve", ROOT / "benchmarks" / "budget_curve.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_every_epoch_of_every_step_is_scored_on_the_validation_data(tmp_path, capsys, budget_curve):
+    (tmp_path / "s.yaml").write_text(SUITE)
+    assert budget_curve.main([str(tmp_path / "s.yaml"), "digits", "naive", "replay", "--epochs", "2",
+                              "--steps", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    lines = [json.loads(line) for line in out if line.startswith("{")]
+    assert [(r["row"], r["step"], r["epoch"]) for r in lines] == [
+        (row, step, epoch) for row in ("naive", "replay") for step in (0, 1) for epoch in (1, 2)]
+    assert {k for r in lines for k in r} == {"event", "scenario", "row", "seed", "step", "epoch", "metric", "holdout",
+                                             "just_trained", "seen", "sizes", "train_s", "eval_s"}
+    valid = [len(e.dataset) for e in SCENARIOS.get("split_digits")(holdout="valid").test_stream]
+    test = [len(e.dataset) for e in SCENARIOS.get("split_digits")().test_stream]
+    assert valid != test
+    for r in lines:
+        assert r["sizes"] == valid[:r["step"] + 1] and r["holdout"] == "valid" and r["metric"] == "accuracy"
+        assert 0 <= r["seen"] <= 100 and 0 <= r["just_trained"] <= 100
+    assert "| epoch | naive step 0 | naive step 1 | replay step 0 | replay step 1 |" in out
+    assert sum(line.startswith("- naive, step ") for line in out) == 2
+
+
+def test_scoring_after_every_epoch_leaves_the_training_as_it_was(tmp_path, budget_curve):
+    (tmp_path / "s.yaml").write_text(SUITE)
+    spec = budget_curve.row_specs(str(tmp_path / "s.yaml"), "digits", ["replay"], 2, 0, None)[0]
+    scored = budget_curve.run_row(spec, 2, every_epoch=True)
+    plain = budget_curve.run_row(spec, 2, every_epoch=False)
+    assert len(scored.points[1]) == 2 and len(plain.points[1]) == 1
+    weights = [c.strategy.model.state_dict() for c in (scored, plain)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert scored.points[1][-1][1:] == plain.points[1][0][1:]
+    assert scored.strategy.model.training == plain.strategy.model.training
+
+
+def test_the_rows_are_the_suites_entries_with_a_validation_holdout_and_the_epochs(tmp_path, budget_curve):
+    (tmp_path / "s.yaml").write_text(SUITE)
+    spec, = budget_curve.row_specs(str(tmp_path / "s.yaml"), "digits", ["replay"], 7, 3, 0.2)
+    assert spec.scenario.args == {"n_experiences": 5, "holdout": "valid", "valid_fraction": 0.2}
+    assert spec.strategy.args == {"mem_size": 100, "epochs": 7} and spec.seed == 3
+
+
+@pytest.mark.parametrize(("just", "flat"), [
+    ([10, 20, 30, 30.5, 30, 31, 30.8, 30.2, 30.9, 30.1], 3),     # within 1 point of every later epoch from 3
+    ([10, 20, 30, 30, 30, 30, 30, 30, 30, 35], None),             # a late rise: not flat
+    ([10, 20, 30, 31, 32, 33, 34, 35, 36, 37], None),             # still rising at E
+    ([50, 50, 50, 50, 50, 50, 50, 50, 50, 50], 1),
+    ([10, 20, 30, 40, 50, 60, 70, 80, 80, 80], 8),                # 8 is the last epoch with 20% of E after it
+    ([10, 20, 30, 40, 50, 60, 70, 80, 90, 90], None),
+])
+def test_the_flattening_epoch(just, flat, budget_curve):
+    points = [(e + 1, j, 0.0) for e, j in enumerate(just)]
+    assert budget_curve.flattening_epoch(points, tolerance=1.0, tail=0.2) == flat
