@@ -13,14 +13,13 @@ import dataclasses
 import hashlib
 import inspect
 import json
-import typing
 from pathlib import Path
 from typing import Any
 
 from clbench import typecheck
 from clbench.errors import ConfigError, check_keys, suggest
 from clbench.registry import MODELS, STRATEGIES
-from clbench.typecheck import brief
+from clbench.typecheck import brief, type_hints
 
 
 def build_config(strategy_name: str, preset: str | None = None, overrides: dict | None = None,
@@ -114,16 +113,6 @@ def _checked_model_args(where: str, model: str, args: Any) -> dict:
         return typecheck.check_values(args, type_hints(factories[0]) if len(factories) == 1 else {}, ".")
     except typecheck.TypeMismatch as exc:
         raise ConfigError(f"{where}{exc}") from None
-
-
-def type_hints(obj: Any) -> dict[str, Any]:
-    """The annotations of a function's parameters, a dataclass's fields or a class's ``__init__`` parameters; an
-    annotation that cannot be resolved is left unchecked."""
-    target = obj.__init__ if isinstance(obj, type) and not dataclasses.is_dataclass(obj) else obj
-    try:
-        return typing.get_type_hints(target)
-    except (NameError, TypeError):
-        return {}
 
 
 NOT_TRAINING: dict[str, str] = {

@@ -36,11 +36,14 @@ import math
 import types
 import typing
 from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 from clbench import typecheck
-from clbench.config import type_hints
-from clbench.typecheck import Equals, Range, TypeMismatch, UsedOnlyWith
+from clbench.typecheck import Equals, Range, TypeMismatch, UsedOnlyWith, type_hints
 
 _TYPES: dict[str, Any] = {**{t.__name__: t for t in (int, float, str, bool, dict, list, tuple)}, "Any": Any}
 _GENERICS = (tuple, list, dict)
@@ -237,12 +240,10 @@ def _key(params: dict, args: dict) -> str:
 
 @functools.cache
 def _suite_arguments() -> dict[str, list[dict]]:
-    """``{scenario name: [args, ...]}`` of the scenario entries of the shipped suites."""
-    from clbench.suite_file import read_yaml, shipped_suites
-
+    """``{scenario name: [args, ...]}`` of the scenario entries of the shipped suites (package data)."""
     found: dict[str, list[dict]] = {}
-    for path in sorted(shipped_suites().values()):
-        for entry in read_yaml(path).get("scenarios", []):
+    for path in sorted(str(p) for p in (resources.files("clbench") / "suites").iterdir() if str(p).endswith(".yaml")):
+        for entry in yaml.safe_load(Path(path).read_text()).get("scenarios", []):
             entry = {"name": entry} if isinstance(entry, str) else entry
             found.setdefault(entry["name"], []).append(entry.get("args", {}))
     return found

@@ -242,6 +242,16 @@ def parameter_declarations(func: Callable) -> dict[str, Declared]:
     return out
 
 
+def type_hints(obj: Any) -> dict[str, Any]:
+    """The annotations of a function's parameters, a dataclass's fields or a class's ``__init__`` parameters; an
+    annotation that cannot be resolved is left unchecked."""
+    target = obj.__init__ if isinstance(obj, type) and not dataclasses.is_dataclass(obj) else obj
+    try:
+        return typing.get_type_hints(target)
+    except (NameError, TypeError):
+        return {}
+
+
 def type_name(tp: Any) -> str:
     """``float``, ``tuple[int, ...]``, ``int or None``: how an annotation reads in an error message."""
     if _is_union(tp):
