@@ -2,13 +2,17 @@
 
 Each file of :data:`tests.test_load_checks.MALFORMED` (a duplicated key, an unknown key, strategy, scenario or
 callback, a ``dp:`` that is not a mapping, an entry given twice, a label that cannot be a file name, a negative
-seed, text that is not YAML, nesting past the limit) plus two whose mistake is in a VALUE that only the strategy's
-``Config`` or the scenario's declarations know (``epochs: -1``, ``mem_size`` above the stream): ``python -m clbench
---suite FILE`` runs in a fresh process, timed from before the process starts to its exit (the refusal is its
-last act), ``--repeat`` times; the median and the worst are printed per file, with the refusal line.
+seed, text that is not YAML, nesting past the limit) and of :data:`tests.test_load_checks.VALUES`, whose mistake is
+in a VALUE that only the strategy's ``Config`` or the scenario's sizes know (``epochs: -1``, ``mem_size`` above the
+stream, an optimizer the Config does not offer): ``python -m clbench --suite FILE`` runs in a fresh process, timed
+from before the process starts to its exit (the refusal is its last act), ``--repeat`` times; the median and the
+worst are printed per file, with the refusal line.
 
-The shape of a file is checked from the registries' index, without importing a strategy or scenario module or torch;
-a value of a strategy's ``Config`` needs its module (and so torch and Avalanche): those two lines show that cost.
+Both kinds are refused without importing a strategy or scenario module, torch or Avalanche: the shape of a file is
+checked from the registries' index, and so are the values, against what the index records of each shipped
+strategy's Config and each scenario's sizes (:mod:`clbench.recorded`). What the index does not record (sizes for
+scenario arguments no shipped suite gives, ``model_args``, a plugin's strategy) is refused by the full check, after
+the imports (about 13 s on the 2-core machine).
 
     python benchmarks/refusal_time.py [--repeat 5]
 """
@@ -28,13 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.test_load_checks import MALFORMED  # noqa: E402 - the test's files, one list
-
-VALUES = {
-    "epochs -1 (Config)": "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: {epochs: -1}}\n",
-    "mem_size above the stream": "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: "
-                                 "{mem_size: 100000}}\n",
-}
+from tests.test_load_checks import MALFORMED, VALUES  # noqa: E402 - the test's files, one list
 
 
 def refusal(path: Path) -> tuple[float, str]:
@@ -57,7 +55,7 @@ def main() -> None:
           f"python {sys.version.split()[0]}")
     print("| file | median s | worst s | refusal |\n|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
-        for name, text in {**MALFORMED, **VALUES}.items():
+        for name, text in {**MALFORMED, **{name: text for name, (text, _) in VALUES.items()}}.items():
             path = Path(folder) / f"{name.split(' (')[0].replace(' ', '_')}.yaml"
             path.write_text(text)
             runs = [refusal(path) for _ in range(args.repeat)]
