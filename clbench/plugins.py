@@ -18,7 +18,9 @@ one of its modules is imported, with what it registered; an entry counts only wh
 another version is another file), otherwise from the module's syntax tree (:func:`scan`: literal
 ``X.register("name")`` calls; a module that registers a computed name is imported when the full list of names is
 needed). ``get(name)`` imports the one module that declares ``name``; ``clbench --help`` and ``clbench list``
-import none of the shipped ones, nor an installed package's once its index is cached.
+import none of the shipped ones, nor an installed package's once its index is cached. The committed index also
+records each shipped strategy's Config declarations and each scenario's sizes (:mod:`clbench.recorded`,
+:func:`record`): suite loading checks values against them before importing anything.
 
 A plugin module that fails to import (a missing optional dependency, a class that breaks the contract) is skipped
 whole — whatever it registered before failing is taken back — and its cause is kept in :data:`UNAVAILABLE`:

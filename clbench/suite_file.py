@@ -273,9 +273,10 @@ def _load_plugins(source: str, plugins: Any) -> None:
 
 def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
     """Validate a suite mapping (already parsed from YAML) into a :class:`SuiteSpec`. The shape of the file (keys,
-    names, labels, seeds, entries given twice) is checked first, from the registries' index: a malformed file is
-    refused without importing a strategy or scenario module (nor torch); the values are checked after, against the
-    modules that use them."""
+    names, labels, seeds, entries given twice) is checked first, from the registries' index, then the strategies'
+    values and the memory and shard sizes against what the index records of the shipped Configs and scenario sizes
+    (:func:`_check_recorded_values`): such a file is refused without importing a strategy or scenario module (nor
+    torch). Every value is checked after, against the modules that use them."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a suite file must be a mapping with keys {', '.join(SUITE_KEYS)}.")
     check_keys(source, data, SUITE_KEYS)
