@@ -2,7 +2,7 @@
 (issue 33): the test data are not read.
 
     CLBENCH_DATA=<root> python benchmarks/budget_curve.py SUITE SCENARIO STRATEGY [STRATEGY ...] \\
-        [--epochs 30] [--steps 1] [--seed 0] [--valid-fraction 0.1] [--at 5,10,20,30]
+        [--epochs 30] [--steps 1] [--seed 0] [--valid-fraction 0.1] [--at 5,10,20,30] [--threads 1]
 
 Each row is the suite's entry (``SCENARIO``, ``STRATEGY``: labels, else names) with ``holdout: valid`` added to the
 scenario's arguments (the validation part of each class's training data is scored, :class:`clbench.streams.Holdout`;
@@ -216,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--valid-fraction", type=float, default=None, help="the scenario's valid_fraction")
     parser.add_argument("--tolerance", type=float, default=1.0, help="flattening: rise allowed (points)")
     parser.add_argument("--tail", type=float, default=0.2, help="flattening: fraction of E that must follow")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the suites' runs)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     budgets = args.at or [args.epochs]
     if args.steps is not None and args.steps < 1 or min(budgets) < 1:
         parser.error("--steps, --epochs and every --at budget must be at least 1")
