@@ -93,6 +93,8 @@ def main() -> None:
     print("method | trainable % of backbone | step time / full FT | training memory / full FT")
     for name in METHODS.names():
         config = build_method(name, MethodArgs(size=args.size, prefix_length=args.size, prefix_reparam=0))
+        if not config.modifications:        # the family's controls: full FT is the reference, head-only no module
+            continue
         model = inject(copy.deepcopy(vit), config)
         petl = PETLSet(config, model.shape)
         with torch.no_grad():

@@ -87,6 +87,10 @@ class PETLStrategyConfig(MethodArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.model_args.get("drop_path_rate"):
+            raise ValueError(f"model_args.drop_path_rate {self.model_args['drop_path_rate']}: the PETL family runs "
+                             f"its backbone in eval mode (frozen; full fine-tuning's copy too), so stochastic depth "
+                             f"would never act; remove the key.")
         if self.method:
             unused = unused_fields(self.method, self)
             if unused:

@@ -269,6 +269,9 @@ def _load(name, args, model_args=None):
     ("adapter_par_merge", {"lora_alpha": 8.0}, "lora_alpha"),
     ("head_only", {"size": 3}, "no size setting"),       # the controls have no module to size
     ("full_finetune_merge", {"placement": "ffn"}, "placement"),
+    ("adapter_par", {"size": 3, "model_args": {"embed_dim": 64, "depth": 3, "num_heads": 4, "patch_size": 4,
+                                               "drop_path_rate": 0.1}}, "drop_path_rate 0.1"),  # eval-mode backbone
+    ("full_finetune", {"model_args": {"drop_path_rate": 0.2}}, "drop_path_rate 0.2"),
 ])
 def test_settings_that_would_not_train_as_written_are_refused_at_load(name, args, key):
     with pytest.raises(ConfigError) as error:
