@@ -106,3 +106,12 @@ def test_leaderboard_of_a_folder_without_records_makes_no_folder(tmp_path, capsy
     assert main(["leaderboard", "--out", str(missing)]) == 2
     assert one_error_line(capsys, "no run records in")
     assert not missing.exists()
+
+
+def test_analyze_paired_is_refused_while_a_suite_holds_the_folder(records, capsys):
+    """analyze paired reads the records a suite is still writing: refused, no paired.csv."""
+    with files.locked_folder(records):
+        assert main(["analyze", "paired", "--run", str(records), "--pairs", "a:b"]) == 2
+    assert one_error_line(capsys) == ("error: " + HELD.format(records, os.getpid()) +
+                                      "wait for it to end: its records are still being written.")
+    assert not (records / "paired.csv").exists()

@@ -4,6 +4,7 @@ that cannot be served, values of the wrong type or range, corrupt records, an un
 a corrupt dataset. Each test failed on the code before the fix (see the commit that added this file)."""
 
 import json
+import os
 import sys
 
 import pandas as pd
@@ -16,6 +17,7 @@ from clbench import executors
 from clbench import records as record_files
 from clbench.cli import main
 from clbench.errors import ConfigError
+from clbench.files import locked_folder
 from clbench.registry import SCENARIOS
 from clbench.suite_file import parse_suite
 from tests._cli import run_suite
@@ -155,6 +157,19 @@ def test_forget_refuses_a_corrupt_run_record(tmp_path, capsys):
     (tmp_path / "runs" / "r.json").write_text("{not json")
     assert main(["forget", "--run", str(tmp_path / "runs" / "r.json"), "--touch", "1"]) == 2
     assert "r.json" in capsys.readouterr().err
+
+
+def test_forget_is_refused_while_a_suite_holds_the_folder(shard_run, tmp_path, capsys):
+    """forget appends to removals.md: run beside a suite (or a second forget) its lines would interleave."""
+    out = shard_run.parent.parent
+    before = sorted((out / "removals").glob("*.json")) if (out / "removals").exists() else []
+    capsys.readouterr()
+    with locked_folder(out):
+        assert main(["forget", "--run", str(shard_run), "--touch", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: output folder {out} is in use by another clbench run (pid {os.getpid()}); wait for it "
+                   f"to end, then forget again."]
+    assert (sorted((out / "removals").glob("*.json")) if (out / "removals").exists() else []) == before
 
 
 def test_forget_records_exactly_the_samples_removed(shard_run, tmp_path):

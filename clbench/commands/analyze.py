@@ -21,6 +21,7 @@ from pathlib import Path
 
 from clbench import records as record_files
 from clbench.commands import Command
+from clbench.commands.leaderboard import rebuilding
 from clbench.errors import ConfigError
 from clbench.registry import COMMANDS
 
@@ -67,14 +68,20 @@ def dual_form(args: argparse.Namespace) -> int:
 
 
 def paired(args: argparse.Namespace) -> int:
-    """The paired differences of every ``--pairs A:B`` on every scenario, printed and written to paired.csv."""
-    from clbench.analysis.paired import paired as paired_rows
-
+    """The paired differences of every ``--pairs A:B`` on every scenario, printed and written to paired.csv (the
+    results folder held locked meanwhile: a suite still writing its records is refused in one line)."""
     pairs = [pair.partition(":") for pair in args.pairs]
     for pair, (a, sep, b) in zip(args.pairs, pairs):
         if not sep or not a or not b:
             raise ConfigError(f"--pairs takes A:B (two strategy labels), got {pair!r}.")
     folder = Path(args.run)
+    with rebuilding(folder, "wait for it to end: its records are still being written"):
+        return _paired(args, folder, pairs)
+
+
+def _paired(args: argparse.Namespace, folder: Path, pairs: list[tuple[str, str, str]]) -> int:
+    from clbench.analysis.paired import paired as paired_rows
+
     found, problems = record_files.load_dir(folder)
     for problem in problems:
         print(f"skipped: {problem}")

@@ -27,6 +27,7 @@ from clbench import tasks
 from clbench.commands import Command
 from clbench.environment import resolve_device
 from clbench.errors import ConfigError
+from clbench.files import locked_folder
 from clbench.names import check_path_name
 from clbench.registry import COMMANDS
 from clbench.specs import RunSpec
@@ -115,7 +116,9 @@ def forget(args: argparse.Namespace) -> int:
         requests = _touch_requests(shard_ids, args.touch, args.per_shard, spec.seed)
     out = Path(args.run).parent.parent
     before = _overall(record.accuracy_matrix[-1], record.test_sizes)
-    with tasks.using(tasks.make_pool("process", args.shard_workers)):
+    # removals.md is appended to: a suite writing the folder, or a second forget, would interleave its lines
+    with locked_folder(out, "wait for it to end, then forget again"), \
+            tasks.using(tasks.make_pool("process", args.shard_workers)):
         for tag, ids in requests.items():
             for mode in args.mode:
                 seed_everything(spec.seed)

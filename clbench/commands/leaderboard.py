@@ -29,17 +29,18 @@ def write_tables(out: Path):
 
 
 @contextlib.contextmanager
-def rebuilding(out: Path) -> Iterator[None]:
+def rebuilding(out: Path, then: str = "wait for it to end: it writes its leaderboard and report itself"
+               ) -> Iterator[None]:
     """Hold ``out``'s lock (:func:`clbench.files.locked_folder`) while ``leaderboard`` or ``report`` rewrites its
     files. They write the very files a suite writes when its runs end, from whatever records are there: run while a
     suite holds the folder, they would put a table of its first runs where its results go (and a suite started
     meanwhile would write the same files), so they are refused in one line naming the suite's pid; the suite writes
     them itself when it ends. A folder without ``runs/`` is neither locked nor made: reading its records says what
-    to do."""
+    to do. ``then``: what the refused command should do (``analyze paired`` reads the records too)."""
     if not (out / "runs").is_dir():
         yield
         return
-    with locked_folder(out, "wait for it to end: it writes its leaderboard and report itself"):
+    with locked_folder(out, then):
         yield
 
 
