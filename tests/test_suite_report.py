@@ -7,6 +7,7 @@ ranking) checked line by line against numbers computed by hand, the plots it lin
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -312,3 +313,76 @@ def test_a_records_environment_names_the_cpu_and_the_kernels_torch_picks_on_it()
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
     assert env["cpu_model"] == model or model is None and env["cpu_model"]
+
+
+def _adequacy(step1_acc: float) -> list[dict]:
+    """A record's adequacy entries: step 1's training accuracy ``step1_acc`` (flagged below 1.5/k = 0.75)."""
+    return [{"experience": 0, "train_acc": 0.9, "k": 2, "epochs": 5, "loss_drop": 0.0},
+            {"experience": 1, "train_acc": step1_acc, "k": 2, "epochs": 5, "loss_drop": 0.0}]
+
+
+def test_flagged_rows_say_so_beside_their_numbers_and_in_a_flags_column():
+    """One seed of ``b`` and one of ``joint`` not learned (step 1 at 0.1 < 1.5/2): every best line naming them and
+    the joint upper bound carry `` [flag]``, the ranking table gains a ``flags`` column (empty for ``a``) and the
+    notes point to the legend. Catches the flags lost from the summary (column, cells, note, markers)."""
+    records = json.loads(json.dumps(RECORDS))
+    for r in records:
+        if r["status"] == "finished":
+            r["adequacy"] = _adequacy(0.1 if r["run_id"] in ("sc__b__s0", "sc__joint__s1") else 0.9)
+    flag = "[not learned (1/2 seeds; step 1; train)]"
+    lines = suite_report.render(records, [], OUT).splitlines()
+    start = lines.index("- best `avg_inc_acc` (highest): `a` with 82.00 ± 2.83")
+    assert lines[start:start + 13] == [
+        "- best `avg_inc_acc` (highest): `a` with 82.00 ± 2.83",
+        f"- best `last_acc` (highest): `joint` {flag} with 91.00 ± 1.41",
+        f"- best `forgetting` (lowest): `b` {flag} with 12.00 ± 2.83",
+        f"- best `bwt` (highest): `b` {flag} with -12.00 ± 2.83",
+        f"- joint upper bound: `joint`, `last_acc` 91.00 ± 1.41 {flag}", "",
+        "| rank | strategy | seeds | avg_inc_acc | last_acc | gap to joint (last_acc) | forgetting | forgetting rank "
+        "| flags |",
+        "|---|---|---|---|---|---|---|---|---|",
+        "| 1 | `a` | 2 | 82.00 ± 2.83 | 62.00 ± 2.83 | 29.00 | 32.00 ± 2.83 | 2 |  |",
+        f"| 2 | `b` | 2 | 71.00 ± 1.41 | 67.00 ± 1.41 | 24.00 | 12.00 ± 2.83 | 1 | {flag[1:-1]} |", "",
+        "Gap to joint: `last_acc` of `joint` minus the strategy's (positive: below the upper bound). Forgetting rank 1 "
+        "= least forgetting. Flags: see the legend under the leaderboard.", ""]
+    assert suite_report._flagged(pd.Series({"flags": math.nan})) == suite_report._flagged(pd.Series({})) == ""
+
+
+def test_the_report_reads_flags_from_training_logs_under_its_folder(tmp_path):
+    """A record without ``adequacy`` is flagged from its committed training log under the report's folder (epoch
+    losses 1.0 ... 0.2: a drop of 0.2 >= 0.05 in the last fifth): catches the folder not passed to the
+    leaderboard."""
+    record = _record("a", 0, 80.0, 60.0, 30.0)
+    log = tmp_path / "artifacts" / record["run_id"] / "training_log.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(json.dumps({"member": "", "experience": 0, "epoch": e, "step": e, "loss": loss}) + "\n"
+                           for e, loss in enumerate([1.0, 0.8, 0.6, 0.4, 0.2])))
+    text = suite_report.render([record], [], tmp_path)
+    assert "| 1 | `a` | 1 | 80.00 (n=1) | 60.00 (n=1) | 30.00 (n=1) | 1 | not converged (1/1 seeds; step 0; log) |" \
+        in text.splitlines()
+
+
+def test_training_curves_are_linked_for_the_runs_that_have_one(tmp_path):
+    """The "Training curves" section lists, sorted, a link per run whose ``artifacts/<run_id>/training_curve.png``
+    exists (named by the run), between the plots and the leaderboard; none without any. Catches the section's
+    text, its order or the files it looks for changed."""
+    records = [_record("b", 0, 70.0, 66.0, 10.0), _record("a", 0, 80.0, 60.0, 30.0), _record("c", 0, 1.0, 1.0, 0.0)]
+    assert "## Training curves" not in suite_report.render(records, [], tmp_path)
+    for run_id in ("sc__b__s0", "sc__a__s0"):
+        (tmp_path / "artifacts" / run_id).mkdir(parents=True)
+        (tmp_path / "artifacts" / run_id / "training_curve.png").write_bytes(b"png")
+    (tmp_path / "artifacts" / "sc__c__s0").mkdir()
+    lines = suite_report.render(records, [], tmp_path).splitlines()
+    start = lines.index("## Training curves")
+    assert lines[start - 1:start + 8] == [
+        "", "## Training curves", "",
+        "Loss and learning rate per epoch of each run (the numbers: `training_log.jsonl` beside each plot):", "",
+        "- [sc__a__s0](artifacts/sc__a__s0/training_curve.png)",
+        "- [sc__b__s0](artifacts/sc__b__s0/training_curve.png)", "", "## Leaderboard"]
+
+
+def test_a_cpu_without_a_recorded_kernel_set_says_unknown():
+    """A record from before ``cpu_capability`` was recorded names its CPU with kernels "unknown"."""
+    record = _record("a", 0, 80.0, 60.0, 30.0)
+    record["env"] = {**ENV, "cpu_capability": None}
+    assert dict(suite_report.provenance([record]))["CPU"] == "Test CPU (torch CPU kernels: unknown)"
