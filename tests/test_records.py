@@ -166,3 +166,12 @@ def test_an_installed_plugin_package_is_followed_and_other_installed_code_is_not
     found = fingerprint.module_files(["fpplug.sub.a"])
     assert set(found) == {"fpplug.sub.a", "fpplug.sub.b", "fpplug.sub.c", "fphelper"}
     assert found["fphelper"] == tmp_path / "local" / "fphelper.py"
+
+
+def test_a_pinned_fingerprint_is_answered_as_pinned(monkeypatch):
+    """A worker process answers the fingerprints its driver took (``pin``) instead of computing them again, for
+    exactly the (strategy, scenario) pinned."""
+    monkeypatch.setattr(fingerprint, "_PINNED", {})
+    fingerprint.pin([("fp_strategy", "fp_scenario", "f" * 16), ("fp_other", "fp_scenario", "e" * 16)])
+    assert fingerprint.code_fingerprint("fp_strategy", "fp_scenario") == "f" * 16
+    assert fingerprint.code_fingerprint("fp_other", "fp_scenario") == "e" * 16
