@@ -5,12 +5,13 @@ flat clipping, ``hook_trace``'s ``batches``), and a malformed file refused befor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import typing
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pytest
 
@@ -345,6 +346,62 @@ def test_every_shipped_strategy_and_every_scenario_with_sizes_is_recorded_in_the
                 for kind in ("strategy", "scenario")}
     assert recorded["strategy"] == shipped(STRATEGIES)
     assert recorded["scenario"] == {n for n in shipped(SCENARIOS) if getattr(SCENARIOS.get(n), "sizes", None)}
+
+
+@pytest.mark.parametrize("annotation, text", [
+    (Literal["a", 1, 2.5, True, None], "Literal['a', 1, 2.5, True, None]"), (typing.Any, "Any"),
+    (type(None), "None"), (int | None, "int | None"), (tuple[int, ...], "tuple[int, ...]"),
+    (dict[str, list[float]], "dict[str, list[float]]"), (Literal["x", "y"] | None, "Literal['x', 'y'] | None")])
+def test_an_annotation_is_recorded_as_text_that_reads_back_as_it(annotation, text):
+    from clbench import recorded
+
+    assert recorded.annotation_text(annotation) == text
+    assert recorded.parse_annotation(text) == annotation
+
+
+@pytest.mark.parametrize("annotation", [set[int], Literal[b"x"], typing.Callable],
+                         ids=["set", "literal_of_bytes", "callable"])
+def test_an_annotation_the_index_cannot_write_is_unrecordable(annotation):
+    """Such a strategy is left to the full check (its record is None)."""
+    from clbench import recorded
+
+    with pytest.raises(recorded.Unrecordable):
+        recorded.annotation_text(annotation)
+
+
+class _Recorded:
+    """A strategy without PRESETS whose Config declares a range, a scenario bound, a Literal and an Any field."""
+
+    @dataclasses.dataclass
+    class Config:
+        lr: float = 0.1
+        mem_size: int = typecheck.setting(100, within=typecheck.Range(1), at_most="experience_samples")
+        mode: Literal["a", "b"] = "a"
+        anything: typing.Any = None
+
+
+def test_a_strategy_record_holds_each_fields_declarations_and_no_presets_when_the_class_has_none():
+    from clbench import recorded
+
+    assert recorded.strategy_record(_Recorded) == {
+        "fields": [{"name": "lr", "type": "float", "default": 0.1},
+                   {"name": "mem_size", "type": "int", "default": 100,
+                    "within": {"low": 1, "high": None, "open_low": False, "open_high": False},
+                    "at_most": "experience_samples"},
+                   {"name": "mode", "type": "Literal['a', 'b']", "default": "a"},
+                   {"name": "anything", "type": "Any", "default": None}],
+        "presets": {}, "depends": [__name__]}
+
+
+def test_a_strategy_whose_stand_in_would_differ_is_not_recorded():
+    """A tuple default under ``Any`` would come back from the record as a list: the stand-in's signature differs,
+    so no record (the full check handles the strategy)."""
+    from clbench import recorded
+
+    class Tupled:
+        Config = dataclasses.make_dataclass("Config", [("x", typing.Any, dataclasses.field(default=(1, 2)))])
+
+    assert recorded.strategy_record(Tupled) is None
 
 
 def test_a_record_is_not_used_once_a_module_it_depends_on_changed(monkeypatch):
