@@ -404,6 +404,48 @@ def test_a_strategy_whose_stand_in_would_differ_is_not_recorded():
     assert recorded.strategy_record(Tupled) is None
 
 
+def test_a_strategy_record_is_kept_only_when_the_stand_in_has_the_same_types_only_with_and_presets(monkeypatch):
+    """The stand-in's signature is compared field by field: a record whose type text is wrong (here every field
+    written as ``int``), an ``only_with`` value or a preset that comes back as a list instead of a tuple, each make
+    the record None (the full check handles the strategy)."""
+    from clbench import recorded
+
+    class Typed:
+        Config = dataclasses.make_dataclass("Config", [("lr", float, dataclasses.field(default=0.5))])
+
+    class Needing:
+        Config = dataclasses.make_dataclass("Config", [
+            ("mode", typing.Any, dataclasses.field(default=None)),
+            ("x", int, typecheck.setting(1, only_with=typecheck.only_with("mode", (1, 2))))])
+
+    class Preset:
+        Config = dataclasses.make_dataclass("Config", [("x", typing.Any, dataclasses.field(default=None))])
+        PRESETS = {"p": {"x": (1, 2)}}
+
+    assert recorded.strategy_record(Typed)["fields"] == [{"name": "lr", "type": "float", "default": 0.5}]
+    assert recorded.strategy_record(Needing) is None
+    assert recorded.strategy_record(Preset) is None
+    monkeypatch.setattr(recorded, "annotation_text", lambda tp: "int")
+    assert recorded.strategy_record(Typed) is None
+
+
+def test_a_scenario_record_holds_the_sizes_of_the_arguments_the_loader_accepts(monkeypatch):
+    """The defaults and each shipped suite's arguments, checked as the loader checks them (the declared range, the
+    annotation): ``n=0`` (below the range) and ``n=3.5`` (not an int) are left to the loader, ``n=3`` after them is
+    still recorded."""
+    from clbench import recorded
+
+    def factory(n: Annotated[int, typecheck.Range(1)] = 2, **_):
+        raise AssertionError("the factory itself is not called")
+
+    factory.sizes = lambda n=2, **_: {"train_samples": 10 * n, "experience_samples": n}
+    monkeypatch.setattr(recorded, "_suite_arguments", lambda: {"fake": [{"n": 0}, {"n": 3.5}, {"n": 3}]})
+    assert recorded.scenario_record("fake", factory) == {
+        "params": {"n": 2}, "depends": [__name__],
+        "sizes": [{"args": {"n": 2}, "sizes": {"train_samples": 20, "experience_samples": 2}},
+                  {"args": {"n": 3}, "sizes": {"train_samples": 30, "experience_samples": 3}}]}
+
+
 def test_a_record_is_not_used_once_a_module_it_depends_on_changed(monkeypatch):
     from clbench import plugins
 
