@@ -446,6 +446,38 @@ def test_a_scenario_record_holds_the_sizes_of_the_arguments_the_loader_accepts(m
                   {"args": {"n": 3}, "sizes": {"train_samples": 30, "experience_samples": 3}}]}
 
 
+def test_recorded_values_are_json_data_and_anything_else_is_unrecordable():
+    """Tuples become lists, nested; a dict with a non-string key, a non-finite float, a set or another object cannot
+    be written (its strategy is left to the full check)."""
+    import math
+
+    from clbench import recorded
+
+    assert recorded._data({"x": (1, [2.5, None]), "y": True, "z": "s"}) == {"x": [1, [2.5, None]], "y": True, "z": "s"}
+    for value in ({1: 2}, math.inf, math.nan, {"a"}, object()):
+        with pytest.raises(recorded.Unrecordable):
+            recorded._data(value)
+
+
+def test_recorded_sizes_are_found_whatever_the_order_of_the_sizes_functions_parameters(monkeypatch):
+    """A ``sizes`` function whose parameters are not in alphabetical order (``b`` before ``a``): the arguments a
+    suite gives are matched to the recorded ones as JSON with sorted keys; arguments not recorded give None (the
+    full check computes them), as does a scenario without a record."""
+    from clbench import recorded
+
+    def factory(b: int = 1, a: int = 2):
+        raise AssertionError("the factory itself is not called")
+
+    factory.sizes = lambda b=1, a=2: {"train_samples": 10 * a + b}
+    monkeypatch.setattr(recorded, "_suite_arguments", lambda: {"fake": [{"a": 3}]})
+    record = recorded.scenario_record("fake", factory)
+    assert record["params"] == {"b": 1, "a": 2}
+    assert recorded.recorded_sizes(record, {}) == {"train_samples": 21}
+    assert recorded.recorded_sizes(record, {"b": 1, "a": 3}) == {"train_samples": 31}
+    assert recorded.recorded_sizes(record, {"b": 2}) is None
+    assert recorded.recorded_sizes(None, {}) is None
+
+
 def test_a_record_is_not_used_once_a_module_it_depends_on_changed(monkeypatch):
     from clbench import plugins
 
