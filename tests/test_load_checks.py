@@ -299,6 +299,9 @@ def test_a_wrong_value_is_refused_from_the_index_without_importing_torch_avalanc
     (["split_digits"], [{"name": "lora", "preset": "full", "args": {"lr": 0}}]),
     ([{"name": "split_mnist", "args": {"max_per_class": 200, "n_experiences": 5}}],
      [{"name": "der_dark", "args": {"mem_size": 2001}}]),
+    # an entry the index leaves to the full check (model_args) before a labelled one it refuses, named by its label
+    (["split_digits"], [{"name": "replay", "args": {"model_args": {}}},
+                        {"name": "replay", "label": "big", "args": {"mem_size": 1258}}]),
 ])
 def test_the_index_refuses_a_value_with_the_line_of_the_full_check(monkeypatch, scenarios, strategies):
     """Each value refused before any import (from the index's records) is refused in the same words by the full
@@ -346,6 +349,12 @@ def test_every_shipped_strategy_and_every_scenario_with_sizes_is_recorded_in_the
                 for kind in ("strategy", "scenario")}
     assert recorded["strategy"] == shipped(STRATEGIES)
     assert recorded["scenario"] == {n for n in shipped(SCENARIOS) if getattr(SCENARIOS.get(n), "sizes", None)}
+
+
+def test_a_yaml_error_is_cut_to_300_characters(tmp_path):
+    """PyYAML's message (here naming a 400-character alias) is kept to its first 300 characters."""
+    message = "found undefined alias '" + "a" * 400
+    assert _yaml_refusal(tmp_path, "suite: *" + "a" * 400 + "\n") == "s.yaml: not valid YAML: " + message[:300]
 
 
 @pytest.mark.parametrize("annotation, text", [
