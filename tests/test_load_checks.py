@@ -302,6 +302,8 @@ def test_a_wrong_value_is_refused_from_the_index_without_importing_torch_avalanc
     # an entry the index leaves to the full check (model_args) before a labelled one it refuses, named by its label
     (["split_digits"], [{"name": "replay", "args": {"model_args": {}}},
                         {"name": "replay", "label": "big", "args": {"mem_size": 1258}}]),
+    # the size refusal names a labelled scenario by its label
+    ([{"name": "split_digits", "label": "digits"}], [{"name": "replay", "args": {"mem_size": 1258}}]),
 ])
 def test_the_index_refuses_a_value_with_the_line_of_the_full_check(monkeypatch, scenarios, strategies):
     """Each value refused before any import (from the index's records) is refused in the same words by the full
