@@ -832,3 +832,16 @@ def test_the_expansion_limit_counts_every_node_once_per_use(tmp_path, leaves, re
             suite_file.read_yaml(path)
     else:
         assert len(suite_file.read_yaml(path)["y"]) == 998 + leaves
+
+
+def test_a_path_name_of_max_name_characters_is_accepted_and_one_more_is_refused_with_the_exact_line():
+    """``MAX_NAME`` (100) characters pass; 101 are refused naming where, the key, the value (brief), its length and
+    the file-system limit."""
+    from clbench import names
+
+    assert names.check_path_name("s.yaml: suite", "label", "a" * 100) == "a" * 100
+    with pytest.raises(ConfigError) as info:
+        names.check_path_name("s.yaml: suite", "label", "a" * 101)
+    assert str(info.value) == (f"s.yaml: suite: 'label' {typecheck.brief('a' * 101)} is 101 characters long; at most "
+                               f"100: it becomes part of file names (<scenario>__<strategy>__s<seed>.json), which file "
+                               f"systems limit to {names.NAME_LIMIT} bytes.")
