@@ -845,3 +845,10 @@ def test_a_path_name_of_max_name_characters_is_accepted_and_one_more_is_refused_
     assert str(info.value) == (f"s.yaml: suite: 'label' {typecheck.brief('a' * 101)} is 101 characters long; at most "
                                f"100: it becomes part of file names (<scenario>__<strategy>__s<seed>.json), which file "
                                f"systems limit to {names.NAME_LIMIT} bytes.")
+
+
+@pytest.mark.parametrize("plugins", ["my_plugin", [""], [1], ["ok", None]], ids=["string", "empty", "number", "none"])
+def test_plugins_that_are_not_a_list_of_non_empty_names_are_refused_with_the_exact_line(plugins):
+    with pytest.raises(ConfigError) as info:
+        suite_file._load_plugins("s.yaml", plugins)
+    assert str(info.value) == f"s.yaml: 'plugins' must be a list of module names or .py files, got {plugins!r}."
