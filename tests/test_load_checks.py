@@ -852,3 +852,34 @@ def test_plugins_that_are_not_a_list_of_non_empty_names_are_refused_with_the_exa
     with pytest.raises(ConfigError) as info:
         suite_file._load_plugins("s.yaml", plugins)
     assert str(info.value) == f"s.yaml: 'plugins' must be a list of module names or .py files, got {plugins!r}."
+
+
+def _sizes_kwargs(*, n_experiences: int = 5, **kwargs) -> dict:
+    return {}
+
+
+def _sizes_required(*, n_experiences: int, **_) -> dict:
+    return {}
+
+
+def _sizes_positional(n_experiences: int = 5, /, **_) -> dict:
+    return {}
+
+
+def _sizes_ok(*, n_experiences: int = 5, max_per_class: int | None = None, **_) -> dict:
+    return {}
+
+
+@pytest.mark.parametrize("sizes", [_sizes_kwargs, _sizes_required, _sizes_positional])
+def test_a_sizes_function_the_index_cannot_key_is_not_recorded(sizes):
+    """Only keyword parameters with defaults (and ``**_``) can be keyed from a suite's arguments: a ``**kwargs`` that
+    may read anything, a parameter without a default or a positional-only one leaves the scenario to the full check."""
+    from clbench.recorded import _size_params
+
+    assert _size_params(sizes) is None
+
+
+def test_a_sizes_function_with_keyword_defaults_is_recorded_with_them():
+    from clbench.recorded import _size_params
+
+    assert _size_params(_sizes_ok) == {"n_experiences": 5, "max_per_class": None}
