@@ -883,3 +883,13 @@ def test_a_sizes_function_with_keyword_defaults_is_recorded_with_them():
     from clbench.recorded import _size_params
 
     assert _size_params(_sizes_ok) == {"n_experiences": 5, "max_per_class": None}
+
+
+def test_a_scenario_without_check_args_loads_on_its_declarations_alone():
+    """``check_args`` is optional (split_imagenet_subset learns its class counts from its folder, when built): a
+    scenario without it is checked on its parameters' declarations and loads."""
+    assert not hasattr(SCENARIOS.get("split_imagenet_subset"), "check_args")
+    spec = suite_file.parse_suite({"suite": "x", "scenarios": [{"name": "split_imagenet_subset",
+                                                                 "args": {"n_experiences": 2}}],
+                                   "strategies": ["naive"]})
+    assert spec.scenarios[0].args == {"n_experiences": 2}
