@@ -893,3 +893,22 @@ def test_a_scenario_without_check_args_loads_on_its_declarations_alone():
                                                                  "args": {"n_experiences": 2}}],
                                    "strategies": ["naive"]})
     assert spec.scenarios[0].args == {"n_experiences": 2}
+
+
+def test_a_plugin_file_is_found_beside_the_suite_file_not_in_the_working_directory(tmp_path, monkeypatch):
+    """``plugins: [x.py]`` is relative to the suite file (a suite and its plugin travel together), whatever the
+    working directory."""
+    from clbench import plugins
+
+    folder, elsewhere = tmp_path / "suite", tmp_path / "cwd"
+    folder.mkdir(), elsewhere.mkdir()
+    (folder / "beside_suite_plugin_37.py").write_text("LOADED = True\n")
+    (folder / "s.yaml").write_text("suite: s\nplugins: [beside_suite_plugin_37.py]\nscenarios: [split_digits]\n"
+                                   "strategies: [naive]\n")
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv(plugins.ENV, "")
+    monkeypatch.setattr(plugins, "_loaded_specs", {})
+    monkeypatch.delitem(sys.modules, "beside_suite_plugin_37", raising=False)
+    suite_file.load_suite(folder / "s.yaml")
+    assert sys.modules["beside_suite_plugin_37"].LOADED
+    sys.modules.pop("beside_suite_plugin_37")
