@@ -269,6 +269,9 @@ VALUES = {      # a wrong value that only the strategy's Config or the scenario'
         "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: {optimizer: sgdd}}\n",
         "strategies[0] (replay): args.optimizer: unknown optimizer 'sgdd'. Did you mean 'sgd'? Choose one of: adam, "
         "adamw, sgd."),
+    "preset with model_args": (     # the preset's model_args are left to the full check, the rest checked here
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: adapter_par, preset: full, args: {epochs: -1}}\n",
+        "strategies[0] (adapter_par): args.epochs: -1 is out of range: epochs must be >= 1"),
 }
 
 
