@@ -437,14 +437,21 @@ def _check_expansion(path: Path, root: yaml.Node | None) -> None:
 
 def _check_duplicate_keys(path: Path, root: yaml.Node | None) -> None:
     """Refuse a mapping that gives one key twice (``epochs: 1, epochs: 3``; YAML loaders silently keep the last),
-    naming the entry and the key. Runs after :func:`_check_expansion`, so the walk is bounded."""
+    naming the entry and the key. Each node is walked once, in document order (an alias is the node its anchor
+    names, checked where the anchor stands), so the walk is bounded by the document's own nodes even on an alias to
+    itself (:func:`_check_expansion` refuses that first)."""
     stack: list[tuple[str, yaml.Node]] = [("", root)] if root is not None else []
+    walked: set[int] = set()
     while stack:
         where, node = stack.pop()
+        if id(node) in walked:
+            continue
+        walked.add(id(node))
         if isinstance(node, yaml.SequenceNode):
-            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(node.value))
+            stack.extend(reversed([(f"{where}[{i}]", child) for i, child in enumerate(node.value)]))
         elif isinstance(node, yaml.MappingNode):
             seen: dict[tuple[str, Any], int] = {}
+            children = []
             for key, value in node.value:
                 name = key.value if isinstance(key, yaml.ScalarNode) else None
                 if name is not None and (key.tag, name) in seen:
@@ -453,4 +460,5 @@ def _check_duplicate_keys(path: Path, root: yaml.Node | None) -> None:
                                       f"would silently keep the last: keep one.")
                 if name is not None:
                     seen[key.tag, name] = key.start_mark.line + 1
-                stack.append((f"{where}.{name}" if where else str(name), value))
+                children.append((f"{where}.{name}" if where else str(name), value))
+            stack.extend(reversed(children))

@@ -1,16 +1,20 @@
 """`make mutation`: mutation testing of the core that decides numbers and settings, one mutmut run per group.
 
-Usage: ``python tests/mutation_report.py [GROUP ...] [--survivors] [--collect] [--help]``. The groups and their tests
-are ``[tool.clbench.mutation]`` in pyproject.toml (``mutate``: files; ``tests``: pytest arguments: the fast tests
-that matter for those files); the other mutmut settings come from ``[tool.mutmut]``. Each group runs in a fresh copy of
-the committed tree (``git archive HEAD``: the scores name a commit; commit first) under ``build/mutation/<group>/``
-(mutmut keeps stale unmutated modules in its ``mutants/`` copy, and a fresh copy keeps one group's run from reading
-another's), niced, one mutant at a time (``--max-children 1``).
+Usage: ``python tests/mutation_report.py [GROUP ...] [--survivors] [--collect] [--resume] [--help]``. The groups and
+their tests are ``[tool.clbench.mutation]`` in pyproject.toml (``mutate``: files; ``tests``: pytest arguments: the
+fast tests that matter for those files); the other mutmut settings come from ``[tool.mutmut]``. Each group runs in a
+fresh copy of the committed tree (``git archive HEAD``: the scores name a commit; commit first) under
+``build/mutation/<group>/`` (mutmut keeps stale unmutated modules in its ``mutants/`` copy, and a fresh copy keeps one
+group's run from reading another's), niced, one mutant at a time (``--max-children 1``).
 
 Printed per group and in ``build/mutation/report.md``: mutants, killed (a test failed or a mutant timed out),
 survived, no test reaches it (counts as not killed), and the score ``killed / mutants``; with ``--survivors`` the
 diff of every surviving mutant (``mutmut show``), else their names. ``--collect`` runs nothing: it reports what
 the groups' mutmut runs under ``build/mutation/`` have recorded so far (mutants not yet run count as "other").
+``--resume`` goes on with a group's stopped run (mutmut keeps each mutant's result in its copy and runs only those
+without one) when the group's mutated files, ``tests/`` and pyproject.toml are the same at HEAD as at the commit its
+copy was made from (the score still names that commit, and it holds for HEAD); otherwise the group starts afresh,
+saying why. A long group can so be measured over several sittings.
 The property tests run with ``CLBENCH_HYPOTHESIS_EXAMPLES=25`` examples per test here (60 in ``make test``).
 """
 
@@ -62,6 +66,22 @@ def prepare(group: str, spec: dict, base: dict, pytest_ini: dict) -> Path:
     return work
 
 
+def resumable(group: str, spec: dict) -> tuple[Path | None, str]:
+    """``(the group's copy, '')`` when its run can go on at HEAD: the copy exists and its mutated files, ``tests/``
+    and pyproject.toml are unchanged since the commit it was made from; else ``(None, why not)``."""
+    work = WORK / group
+    if not (work / "COMMIT").exists() or not (work / "mutants").is_dir():
+        return None, f"no earlier run of {group} under {work}"
+    commit = (work / "COMMIT").read_text().strip()
+    changed = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", *spec["mutate"], "tests",
+                              "pyproject.toml"], cwd=ROOT, capture_output=True, text=True)
+    if changed.returncode != 0:
+        return None, f"its commit {commit} is not in this checkout"
+    if changed.stdout.strip():
+        return None, f"changed since {commit}: {', '.join(changed.stdout.split()[:5])}"
+    return work, ""
+
+
 def statuses(work: Path, files: list[str]) -> dict[str, str]:
     """``{mutant name: status}`` from mutmut's ``mutants/<file>.meta`` of each mutated file."""
     out = {}
@@ -87,7 +107,7 @@ def main(argv: list[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return 0
-    show, collect = "--survivors" in argv, "--collect" in argv
+    show, collect, resume = "--survivors" in argv, "--collect" in argv, "--resume" in argv
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     groups: dict[str, dict] = config["tool"]["clbench"]["mutation"]
     chosen = [a for a in argv if not a.startswith("--")] or list(groups)
@@ -101,8 +121,11 @@ def main(argv: list[str]) -> int:
     for group in chosen:
         spec, work, start = groups[group], WORK / group, time.perf_counter()
         if not collect:
-            work = prepare(group, spec, config["tool"]["mutmut"], config["tool"]["pytest"]["ini_options"])
-            print(f"== {group}: {', '.join(spec['mutate'])} ({work})", flush=True)
+            kept, why = resumable(group, spec) if resume else (None, "")
+            if resume and kept is None:
+                print(f"{group}: starting afresh ({why})", flush=True)
+            work = kept or prepare(group, spec, config["tool"]["mutmut"], config["tool"]["pytest"]["ini_options"])
+            print(f"== {group}: {', '.join(spec['mutate'])} ({work}{', resumed' if kept else ''})", flush=True)
             done = subprocess.run(["nice", "-n", "10", str(mutmut), "run", "--max-children", "1"], cwd=work, env=env,
                                   stdout=subprocess.DEVNULL)
             if done.returncode != 0:
@@ -122,6 +145,9 @@ def main(argv: list[str]) -> int:
                 lines += [f"### {name} ({found[name]})", "```diff", diff.strip(), "```"]
             else:
                 lines.append(f"- {name} ({found[name]})")
+        timeouts = sorted(n for n, s in found.items() if s == "timeout")
+        lines += ["", f"Timed out (counted killed; check they loop rather than run slow): {len(timeouts)}"
+                      + (f": {', '.join(timeouts)}" if timeouts else "")]
         (work / "result.json").write_text(json.dumps({"group": group, "commit": commit, "row": row,
                                                       "survivors": lines}))
     results = [json.loads(p.read_text()) for g in groups if (p := WORK / g / "result.json").exists()]

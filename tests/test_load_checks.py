@@ -56,6 +56,46 @@ def test_a_key_given_twice_is_refused_naming_the_entry_and_the_key(tmp_path, tex
     assert message.startswith(expected), message
     assert "keep one" in message
 
+def test_of_several_keys_given_twice_the_first_in_the_document_is_named_and_an_anchor_where_it_stands(tmp_path):
+    """The walk goes in document order: of two mappings with a key given twice the first one is named, and a
+    mapping reused through aliases is named at its anchor (the aliases that follow are the same node)."""
+    assert _yaml_refusal(tmp_path, "a: {k: 1, k: 2}\nb: {j: 1, j: 2}\n").startswith(
+        "s.yaml: a.k is given twice (lines 1 and 1)")
+    assert _yaml_refusal(tmp_path, "x: &x {a: 1, a: 2}\ny: [*x, *x]\n").startswith(
+        "s.yaml: x.a is given twice (lines 1 and 1)")
+
+
+def test_the_duplicate_key_walk_reads_each_node_once_so_it_ends_on_its_own():
+    """Without the expansion check before it, an alias to itself or a wide fan of aliases must not make the walk
+    loop or expand: each node's children are read once (a walk that followed aliases would never end on
+    ``a: &a [*a]`` and would read ``x`` 1,001 times below)."""
+    import yaml
+
+    class Counted(yaml.SequenceNode):
+        reads = 0
+
+        @property
+        def value(self):
+            Counted.reads += 1
+            assert Counted.reads <= 10, "the walk reads nodes again: it follows aliases"
+            return self._value
+
+        @value.setter
+        def value(self, value):
+            self._value = value
+
+    seq = "tag:yaml.org,2002:seq"
+    itself = Counted(seq, [])
+    itself.value.append(itself)
+    Counted.reads = 0
+    suite_file._check_duplicate_keys(Path("s.yaml"), itself)
+    assert Counted.reads == 1
+    x = Counted(seq, [yaml.ScalarNode("tag:yaml.org,2002:int", "1")] * 50)
+    root = Counted(seq, [x, Counted(seq, [x] * 1000)])
+    Counted.reads = 0
+    suite_file._check_duplicate_keys(Path("s.yaml"), root)
+    assert Counted.reads == 3
+
 
 def test_the_same_key_in_sibling_mappings_and_a_merge_key_are_not_duplicates(tmp_path):
     path = tmp_path / "s.yaml"
