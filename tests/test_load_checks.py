@@ -347,6 +347,8 @@ def test_a_wrong_value_is_refused_from_the_index_without_importing_torch_avalanc
                         {"name": "replay", "label": "big", "args": {"mem_size": 1258}}]),
     # the size refusal names a labelled scenario by its label
     ([{"name": "split_digits", "label": "digits"}], [{"name": "replay", "args": {"mem_size": 1258}}]),
+    # a preset carrying model_args: those are left to the full check, the preset's other values checked here
+    (["split_digits"], [{"name": "adapter_par", "preset": "full", "args": {"epochs": -1}}]),
 ])
 def test_the_index_refuses_a_value_with_the_line_of_the_full_check(monkeypatch, scenarios, strategies):
     """Each value refused before any import (from the index's records) is refused in the same words by the full
@@ -955,3 +957,118 @@ def test_a_plugin_file_is_found_beside_the_suite_file_not_in_the_working_directo
     suite_file.load_suite(folder / "s.yaml")
     assert sys.modules["beside_suite_plugin_37"].LOADED
     sys.modules.pop("beside_suite_plugin_37")
+
+
+# ----------------------------------------------------------- the coercion rules, one by one (config group, 4628a59)
+@pytest.mark.parametrize(("value", "tp", "message"), [
+    ("c", Literal["a", "b"], "k: 'c' is not one of 'a', 'b'"),          # a string, but not one of the strings
+    (1, Literal[True], "k: 1 is not one of True"),                     # equal, but not of the literal's type
+    ({"a": "x"}, dict[str, int], "k.a: expected an int, got 'x'"),      # a value, named by its key
+    ({"x": "a"}, dict[int, str], "k['x']: expected an int, got 'x'"),   # a key, named in brackets
+])
+def test_a_literal_or_a_dict_entry_that_does_not_fit_is_refused_naming_it(value, tp, message):
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(value, tp, "k")
+    assert str(info.value) == message
+
+
+def test_dict_keys_and_values_are_coerced_to_their_own_types():
+    from collections.abc import Mapping
+
+    out = typecheck.coerce({"1": "a", 2.0: "b"}, dict[int, str], "k")
+    assert out == {1: "a", 2: "b"} and all(type(key) is int for key in out)
+    out = typecheck.coerce({"a": "1", "b": 2.0}, dict[str, int], "k")
+    assert out == {"a": 1, "b": 2} and all(type(value) is int for value in out.values())
+    out = typecheck.coerce({"a": 2.0}, Mapping[str, int], "k")
+    assert out == {"a": 2} and type(out["a"]) is int
+
+
+@pytest.mark.parametrize(("value", "tp", "expected"), [
+    ({"a": "1"}, dict[str, int] | dict[str, str], {"a": "1"}),       # the member that takes the dict as it is
+    (["1"], tuple[int | None, ...] | tuple[str, ...], ("1",)),          # a union inside a member, strict too
+    ("1", int | str, "1"),                                              # a string stays one before it is parsed
+])
+def test_a_union_takes_the_first_member_that_needs_no_coercion_down_to_nested_members(value, tp, expected):
+    out = typecheck.coerce(value, tp, "k")
+    assert out == expected and type(out) is type(expected)        # {"a": 1}, (1,) and 1 are not equal to these
+
+
+def test_a_range_is_checked_on_every_number_of_a_list_and_its_rule_named_by_whose_it_is():
+    """The generic rule of a name (``lr > 0``) reads as the name's own; a Config number without a range of its own
+    or of its name gets :data:`~clbench.typecheck.UNDECLARED` with a hint to declare one."""
+    for value in (-1.0, [0.1, -1.0]):
+        with pytest.raises(typecheck.TypeMismatch) as info:
+            typecheck.check_range("lr", value, "k")
+        assert str(info.value) == "k: -1.0 is out of range: lr must be > 0"
+
+    @dataclasses.dataclass
+    class Config(typecheck.RangeChecked):
+        mode: str = typecheck.setting("a", choices=("a", "b"))
+        foo_count: int = 0
+        lr: float = 0.1
+
+    for values, message in [
+        ({"mode": "z"}, "mode: unknown mode 'z'. Choose one of: a, b."),
+        ({"foo_count": -1}, "foo_count: -1 is out of range: foo_count must be >= 0 (the rule of a Config number that "
+                            "declares no range; declare its own with clbench.typecheck.setting(default, "
+                            "within=Range(...)) beside the field)"),
+        ({"lr": -1.0}, "lr: -1.0 is out of range: lr must be > 0"),
+    ]:
+        with pytest.raises(typecheck.TypeMismatch) as info:
+            Config(**values)
+        assert str(info.value) == message
+
+
+def test_a_callback_factory_that_does_not_declare_observer_is_part_of_the_run_identity(monkeypatch):
+    """Only ``observer = True`` leaves a callback out of the identity: a plain factory (a plugin's function) without
+    the attribute shapes the run as far as resume can tell."""
+    from clbench import registry, specs
+
+    monkeypatch.setattr(registry.CALLBACKS, "_entries", {**registry.CALLBACKS._entries})
+    monkeypatch.setattr(registry.CALLBACKS, "origins", {**registry.CALLBACKS.origins})
+    registry.CALLBACKS.register("plain_factory")(lambda **kwargs: None)
+    entries = ({"name": "plain_factory", "args": {}}, {"name": "hook_trace", "args": {}})
+    assert specs.identity_callbacks(entries) == entries[:1]
+
+
+def test_a_strategy_entry_s_callback_names_are_checked_before_its_values(monkeypatch):
+    """An unknown callback name in a strategy entry is named first, before the entry's values are checked (names are
+    read from the registries' index; values need the strategy's Config)."""
+    message = _refused(["split_digits"], [{"name": "replay", "args": {"epochs": -1}, "callbacks": ["no_such_cb"]}])
+    assert message.startswith("s.yaml: strategies[0] (replay).callbacks[0]: unknown callback 'no_such_cb'.")
+
+
+@pytest.mark.parametrize(("strategies", "message"), [
+    ([{"name": "icarl", "args": {"head": "multi"}}],
+     "s.yaml: strategies[0] (icarl): head 'multi': this strategy always builds its own fixed head, so the setting "
+     "would change nothing; remove head."),
+    ([{"name": "seqrec", "args": {"attention": "reattention"}}],
+     "s.yaml: strategies[0] (seqrec): attention: reattention corrects the noise of private training: without dp and "
+     "without sigma_dp its error is 0 and it trains as vanilla; add dp, set sigma_dp, or use attention: vanilla."),
+])
+def test_a_strategy_s_own_entry_check_is_one_line_naming_the_entry(strategies, message):
+    assert _refused(["split_digits"], strategies) == message
+
+
+def test_a_plugin_that_fails_to_load_is_refused_naming_the_suite_and_the_plugin():
+    with pytest.raises(ConfigError) as info:
+        suite_file.parse_suite({"suite": "s", "scenarios": ["split_digits"], "strategies": ["naive"],
+                                "plugins": ["no_such_plugin_module"]}, "s.yaml")
+    assert str(info.value) == ("s.yaml: plugin 'no_such_plugin_module' failed to load: ModuleNotFoundError: No "
+                               "module named 'no_such_plugin_module'")
+
+
+def test_brief_keeps_a_repr_of_160_characters_and_cuts_a_longer_one_to_157_and_an_ellipsis():
+    exactly, longer = ["a" * 76, "b" * 76], ["a" * 76, "b" * 77]
+    assert len(repr(exactly)) == typecheck.BRIEF_LENGTH == 160
+    assert typecheck.brief(exactly) == repr(exactly)
+    assert typecheck.brief(longer) == repr(longer)[:157] + "..."
+
+
+def test_a_boolean_is_not_a_number_even_for_a_numeric_abstract_type():
+    import numbers
+
+    assert typecheck.coerce(2.5, numbers.Real, "k") == 2.5
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(True, numbers.Real, "k")
+    assert str(info.value) == "k: expected a Real, got True"
