@@ -61,7 +61,7 @@ def run(scenario: str, strategy: str, *, scenario_args: dict | None = None, pres
     spec = suite.run_specs(device, amp)[0]     # validated and built once, as a suite file's runs are
     if out is None:
         return execute(spec)
-    with locked_folder(out, "wait for it to end or pass another out"):
+    with locked_folder(out, "clbench.api.run", "wait for it to end or pass another out"):
         return run_and_write(spec, out)
 
 

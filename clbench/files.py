@@ -48,7 +48,8 @@ def write_atomic(path: str | Path, write: Callable[[Path], object] | str) -> Pat
 
 LOCK_FILE = ".clbench.lock"
 """The file in an output folder that the process writing there holds locked (:func:`locked_folder`): a suite
-(``run``), :func:`clbench.api.run` with ``out``, or ``leaderboard`` / ``report`` rebuilding its tables."""
+(``run``), :func:`clbench.api.run` with ``out``, ``leaderboard`` / ``report`` rebuilding its tables, ``analyze
+paired`` reading its records or ``forget`` appending to it. It holds ``<pid> <what holds it>``."""
 
 
 class FolderInUse(OutputError):
@@ -56,12 +57,14 @@ class FolderInUse(OutputError):
 
 
 @contextlib.contextmanager
-def locked_folder(folder: str | Path, then: str = "wait for it to end or pass another --out") -> Iterator[None]:
+def locked_folder(folder: str | Path, holder: str, then: str = "wait for it to end or pass another --out"
+                  ) -> Iterator[None]:
     """Hold an exclusive lock on ``folder`` (created) for the block: a second writer into the same folder is refused
-    with :class:`FolderInUse` naming the folder and the holder's pid, and saying what to do (``then``), instead of
-    both overwriting each other's records. The lock is ``flock`` on ``<folder>/.clbench.lock`` (which holds the pid):
-    the kernel drops it when its process dies however it ends, so the lock of a dead process is simply taken over.
-    A lock is per open file, so a second writer in the same process is refused too."""
+    with :class:`FolderInUse` naming the folder, what holds it and its pid, and saying what to do (``then``), instead
+    of both overwriting each other's records. ``holder``: what holds it, as the refusal names it (``the suite quick
+    (run)``, ``leaderboard``...). The lock is ``flock`` on ``<folder>/.clbench.lock`` (which holds the pid and
+    ``holder``): the kernel drops it when its process dies however it ends, so the lock of a dead process is simply
+    taken over. A lock is per open file, so a second writer in the same process is refused too."""
     import fcntl
 
     path = Path(folder) / LOCK_FILE
@@ -72,11 +75,11 @@ def locked_folder(folder: str | Path, then: str = "wait for it to end or pass an
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise FolderInUse(f"output folder {folder} is in use by another clbench run (pid {holder}); {then}.") \
-                from None
+            pid, _, what = os.pread(fd, 4096, 0).decode(errors="replace").strip().partition(" ")
+            raise FolderInUse(f"output folder {folder} is in use by {what or 'another clbench process'} "
+                              f"(pid {pid or '?'}); {then}.") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {holder}\n".encode(), 0)
         yield
     finally:
         os.close(fd)            # releases the lock; the file stays (removing it would race with a new holder)

@@ -164,10 +164,10 @@ def test_forget_is_refused_while_a_suite_holds_the_folder(shard_run, tmp_path, c
     out = shard_run.parent.parent
     before = sorted((out / "removals").glob("*.json")) if (out / "removals").exists() else []
     capsys.readouterr()
-    with locked_folder(out):
+    with locked_folder(out, "the suite s (run)"):
         assert main(["forget", "--run", str(shard_run), "--touch", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: output folder {out} is in use by another clbench run (pid {os.getpid()}); wait for it "
+    assert err == [f"error: output folder {out} is in use by the suite s (run) (pid {os.getpid()}); wait for it "
                    f"to end, then forget again."]
     assert (sorted((out / "removals").glob("*.json")) if (out / "removals").exists() else []) == before
 

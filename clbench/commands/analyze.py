@@ -75,7 +75,7 @@ def paired(args: argparse.Namespace) -> int:
         if not sep or not a or not b:
             raise ConfigError(f"--pairs takes A:B (two strategy labels), got {pair!r}.")
     folder = Path(args.run)
-    with rebuilding(folder, "wait for it to end: its records are still being written"):
+    with rebuilding(folder, "analyze paired", "wait for it to end: its records are still being written"):
         return _paired(args, folder, pairs)
 
 

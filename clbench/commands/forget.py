@@ -117,7 +117,7 @@ def forget(args: argparse.Namespace) -> int:
     out = Path(args.run).parent.parent
     before = _overall(record.accuracy_matrix[-1], record.test_sizes)
     # removals.md is appended to: a suite writing the folder, or a second forget, would interleave its lines
-    with locked_folder(out, "wait for it to end, then forget again"), \
+    with locked_folder(out, "forget", "wait for it to end, then forget again"), \
             tasks.using(tasks.make_pool("process", args.shard_workers)):
         for tag, ids in requests.items():
             for mode in args.mode:

@@ -29,18 +29,19 @@ def write_tables(out: Path):
 
 
 @contextlib.contextmanager
-def rebuilding(out: Path, then: str = "wait for it to end: it writes its leaderboard and report itself"
-               ) -> Iterator[None]:
-    """Hold ``out``'s lock (:func:`clbench.files.locked_folder`) while ``leaderboard`` or ``report`` rewrites its
-    files. They write the very files a suite writes when its runs end, from whatever records are there: run while a
-    suite holds the folder, they would put a table of its first runs where its results go (and a suite started
-    meanwhile would write the same files), so they are refused in one line naming the suite's pid; the suite writes
+def rebuilding(out: Path, holder: str,
+               then: str = "wait for it to end: it writes its leaderboard and report itself") -> Iterator[None]:
+    """Hold ``out``'s lock (:func:`clbench.files.locked_folder`) while ``leaderboard`` or ``report`` rewrites its files.
+    They write the very files a suite writes when its runs end, from whatever records are there: run while a suite
+    holds the folder, they would put a table of its first runs where its results go (and a suite started meanwhile
+    would write the same files), so they are refused in one line naming the suite and its pid; the suite writes
     them itself when it ends. A folder without ``runs/`` is neither locked nor made: reading its records says what
-    to do. ``then``: what the refused command should do (``analyze paired`` reads the records too)."""
+    to do. ``holder``: the command, as a refusal of another writer names it; ``then``: what the refused command
+    should do (``analyze paired`` reads the records too)."""
     if not (out / "runs").is_dir():
         yield
         return
-    with locked_folder(out, then):
+    with locked_folder(out, holder, then):
         yield
 
 
@@ -57,7 +58,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit code 2 when a file in ``runs/`` was not a record (the table is still written from the others); refused
     while a suite runs in ``--out`` (:func:`rebuilding`)."""
-    with rebuilding(Path(args.out)):
+    with rebuilding(Path(args.out), "leaderboard"):
         table, corrupt = write_tables(Path(args.out))
     print((Path(args.out) / "leaderboard.md").read_text())
     print(f"{len(table)} rows -> {Path(args.out) / 'leaderboard.csv'}{skipped_note(corrupt)}", file=sys.stderr)

@@ -23,7 +23,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit code 2 as for ``leaderboard``: a file in ``runs/`` was not a record. Refused while a suite runs in
     ``--out``, as ``leaderboard`` is (:func:`~clbench.commands.leaderboard.rebuilding`)."""
-    with rebuilding(Path(args.out)):
+    with rebuilding(Path(args.out), "report"):
         _, corrupt = write_tables(Path(args.out))
         print(f"report: {Path(args.out) / 'report.md'}{skipped_note(corrupt)}", file=sys.stderr)
         if args.html:

@@ -131,7 +131,7 @@ def _run_suite(args: argparse.Namespace, suite, specs, out: Path) -> int:
     print(f"suite {suite.name}: {len(specs)} runs ({len(suite.scenarios)} scenarios x {len(suite.strategies)} "
           f"strategies x {len(suite.seeds)} seeds; {at_once}{threads or torch.get_num_threads()} torch thread(s) "
           f"each) -> {out}", file=sys.stderr)
-    with locked_folder(out):          # a second suite into the same folder is refused, naming this one's pid
+    with locked_folder(out, f"the suite {suite.name} (run)"):    # a second writer is refused, naming this suite
         records = executor.run_all(specs, out)
         failed = [r for r in records if r.status != "finished"]
         for r in failed:
