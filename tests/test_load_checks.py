@@ -985,6 +985,7 @@ def test_dict_keys_and_values_are_coerced_to_their_own_types():
 
 @pytest.mark.parametrize(("value", "tp", "expected"), [
     ({"a": "1"}, dict[str, int] | dict[str, str], {"a": "1"}),       # the member that takes the dict as it is
+    ({"1": "a"}, dict[int, str] | dict[str, str], {"1": "a"}),       # ... its keys as they are, too
     (["1"], tuple[int | None, ...] | tuple[str, ...], ("1",)),          # a union inside a member, strict too
     ("1", int | str, "1"),                                              # a string stays one before it is parsed
 ])
