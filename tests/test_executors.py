@@ -127,7 +127,7 @@ def test_jobs_2_gives_the_sequential_records_and_survives_failures_and_dead_work
         assert RunRecord.load(record_path(tmp_path / "parallel", r.run_id)).status == r.status
 
 
-def test_ctrl_c_stops_the_workers_keeps_finished_records_and_resume_runs_the_rest(tmp_path):
+def test_ctrl_c_stops_the_workers_keeps_finished_records_and_resume_runs_the_rest(tmp_path, ctrl_c):
     markers = tmp_path / "markers"
     markers.mkdir()
     (markers / "hold").write_text("")

@@ -102,7 +102,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_ctrl_c_cancels_pending_and_running_tasks_keeps_finished_records_and_resumes(ray_cluster, tmp_path):
+def test_ctrl_c_cancels_pending_and_running_tasks_keeps_finished_records_and_resumes(ray_cluster, tmp_path, ctrl_c):
     markers = tmp_path / "markers"
     markers.mkdir()
     (markers / "hold").write_text("")
