@@ -1039,18 +1039,6 @@ def test_a_strategy_entry_s_callback_names_are_checked_before_its_values(monkeyp
     assert message.startswith("s.yaml: strategies[0] (replay).callbacks[0]: unknown callback 'no_such_cb'.")
 
 
-@pytest.mark.parametrize(("strategies", "message"), [
-    ([{"name": "icarl", "args": {"head": "multi"}}],
-     "s.yaml: strategies[0] (icarl): head 'multi': this strategy always builds its own fixed head, so the setting "
-     "would change nothing; remove head."),
-    ([{"name": "seqrec", "args": {"attention": "reattention"}}],
-     "s.yaml: strategies[0] (seqrec): attention: reattention corrects the noise of private training: without dp and "
-     "without sigma_dp its error is 0 and it trains as vanilla; add dp, set sigma_dp, or use attention: vanilla."),
-])
-def test_a_strategy_s_own_entry_check_is_one_line_naming_the_entry(strategies, message):
-    assert _refused(["split_digits"], strategies) == message
-
-
 def test_a_plugin_that_fails_to_load_is_refused_naming_the_suite_and_the_plugin():
     with pytest.raises(ConfigError) as info:
         suite_file.parse_suite({"suite": "s", "scenarios": ["split_digits"], "strategies": ["naive"],
