@@ -76,6 +76,19 @@ def check_holdout(counts: Mapping[int, int], args: Mapping[str, object]) -> None
     check_validation_counts(counts, float(args.get("valid_fraction", Holdout.fraction)))
 
 
+def capped_counts(per_class: Sequence[int], max_per_class: int | None) -> list[int]:
+    """Training samples per class after ``max_per_class`` (the first ``max_per_class`` of each class; ``None``: all),
+    before any validation holdout."""
+    return [min(n, max_per_class) if max_per_class is not None else n for n in per_class]
+
+
+def check_capped_holdout(per_class: Sequence[int], args: Mapping[str, object]) -> None:
+    """:func:`check_holdout` for classes ``0, 1, ...`` with ``per_class`` official training samples, capped by
+    ``args["max_per_class"]`` when the suite gives one (the ``check_args`` of the image scenarios)."""
+    counts = capped_counts(per_class, args.get("max_per_class"))
+    check_holdout(dict(enumerate(counts)), args)
+
+
 def validation_split(y: Tensor, fraction: float) -> tuple[Tensor, Tensor]:
     """``(train, valid)``: sorted indices into ``y`` that split every class ``c`` of ``n_c`` samples into
     ``held_out(n_c, fraction)`` validation samples and the rest, the validation ones drawn uniformly by a generator

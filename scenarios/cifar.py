@@ -25,7 +25,7 @@ from clbench.data.orders import CIFAR100_ORDERS, resolve_class_order
 from clbench.data.tensors import crop_flip, image_class_incremental
 from clbench.protocol import ClassificationInfo, Scenario
 from clbench.registry import SCENARIOS
-from clbench.streams import Holdout, HoldoutName, ValidFraction, check_holdout, increments_for
+from clbench.streams import Holdout, HoldoutName, ValidFraction, check_capped_holdout, increments_for
 
 # training-set statistics of the official split (the stratified re-split in cifar100.npz differs by < 0.001)
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
@@ -49,12 +49,10 @@ def split_cifar100(*, seed: int = 0, n_experiences: int = 10, initial_classes: i
 
 
 def _holdout_check(default_classes: int):
-    """``check_args`` of a CIFAR-100 scenario keeping ``classes`` classes (``default_classes`` when not given): its
-    validation holdout over classes of 500 training images, or ``max_per_class``
-    (:func:`clbench.streams.check_holdout`)."""
-    def check_args(*, classes: int | None = None, max_per_class: int | None = None, **args: object) -> None:
-        per_class = min(CIFAR100_TRAIN_PER_CLASS, max_per_class or CIFAR100_TRAIN_PER_CLASS)
-        check_holdout(dict.fromkeys(range(classes or default_classes), per_class), args)
+    """``check_args`` of a CIFAR-100 scenario keeping ``classes`` classes (``default_classes`` when not given) of 500
+    training images each: its validation holdout (:func:`clbench.streams.check_capped_holdout`)."""
+    def check_args(*, classes: int = default_classes, **args: object) -> None:
+        check_capped_holdout((CIFAR100_TRAIN_PER_CLASS,) * classes, args)
     return check_args
 
 

@@ -29,7 +29,8 @@ from clbench.streams import (
     Holdout,
     HoldoutName,
     ValidFraction,
-    check_holdout,
+    capped_counts,
+    check_capped_holdout,
     experience_dataset,
     increments_for,
     wrap_benchmark,
@@ -76,17 +77,11 @@ MNIST_TRAIN_PER_CLASS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5
 FASHION_MNIST_TRAIN_PER_CLASS = (6000,) * 10
 
 
-def _capped(per_class: tuple[int, ...], max_per_class: int | None) -> list[int]:
-    """Training images per class after ``max_per_class`` (before any validation holdout)."""
-    return [min(c, max_per_class) if max_per_class else c for c in per_class]
-
-
 def _holdout_check(*datasets: tuple[int, ...]):
     """``check_args`` of a scenario over the classes of ``datasets`` (official training counts, labels numbered on
-    from one dataset to the next): its validation holdout (:func:`clbench.streams.check_holdout`)."""
-    def check_args(*, max_per_class: int | None = None, **args: object) -> None:
-        counts = [n for per_class in datasets for n in _capped(per_class, max_per_class)]
-        check_holdout(dict(enumerate(counts)), args)
+    from one dataset to the next): its validation holdout (:func:`clbench.streams.check_capped_holdout`)."""
+    def check_args(**args: object) -> None:
+        check_capped_holdout([n for per_class in datasets for n in per_class], args)
     return check_args
 
 
@@ -106,7 +101,7 @@ def _sizes_of(per_class: tuple[int, ...]):
               holdout: HoldoutName = "test", valid_fraction: float = 0.1, **_: object) -> dict[str, int]:
         """Training samples of the stream and of its smallest experience, from the official class counts (after
         ``max_per_class`` and the validation holdout)."""
-        counts = Holdout(holdout, valid_fraction).train_counts(_capped(per_class, max_per_class))
+        counts = Holdout(holdout, valid_fraction).train_counts(capped_counts(per_class, max_per_class))
         return stream_sizes(counts, n_experiences, class_order == "fixed")
     return sizes
 
