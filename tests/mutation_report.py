@@ -14,7 +14,7 @@ the groups' mutmut runs under ``build/mutation/`` have recorded so far (mutants 
 ``--resume`` goes on with a group's stopped run (mutmut keeps each mutant's result in its copy and runs only those
 without one) when the group's mutated files, ``tests/`` and pyproject.toml are the same at HEAD as at the commit its
 copy was made from (the score still names that commit, and it holds for HEAD); otherwise the group starts afresh,
-saying why. A long group can so be measured over several sittings.
+saying why. A long group can so be measured over several sittings; its minutes column sums them.
 The property tests run with ``CLBENCH_HYPOTHESIS_EXAMPLES=25`` examples per test here (60 in ``make test``).
 """
 
@@ -94,13 +94,25 @@ def statuses(work: Path, files: list[str]) -> dict[str, str]:
     return out
 
 
-def summary_row(group: str, found: dict[str, str], seconds: float) -> tuple[str, float]:
+def minutes_spent(work: Path, sitting: float | None) -> float:
+    """Minutes of mutmut over every sitting of the group's run in ``work`` (``SECONDS`` there holds the sum; a fresh
+    copy starts at 0), ``sitting`` seconds added first (``None``: nothing run now, ``--collect``); NaN when no
+    sitting was timed."""
+    path = work / "SECONDS"
+    total = float(path.read_text()) if path.exists() else None
+    if sitting is not None:
+        total = (total or 0.0) + sitting
+        path.write_text(f"{total:.1f}")
+    return float("nan") if total is None else total / 60
+
+
+def summary_row(group: str, found: dict[str, str], minutes: float) -> tuple[str, float]:
     counts = Counter("killed" if s in ("killed", "timeout") else s for s in found.values())
     total = len(found)
     score = 100.0 * counts["killed"] / total if total else float("nan")
     other = total - counts["killed"] - counts["survived"] - counts["no tests"]
     return (f"| {group} | {total} | {counts['killed']} | {counts['survived']} | {counts['no tests']} | {other} | "
-            f"{score:.1f}% | {seconds / 60:.1f} |", score)
+            f"{score:.1f}% | {minutes:.1f} |", score)
 
 
 def main(argv: list[str]) -> int:
@@ -134,7 +146,7 @@ def main(argv: list[str]) -> int:
                 return 1
         commit = (work / "COMMIT").read_text() if (work / "COMMIT").exists() else "?"
         found = statuses(work, spec["mutate"])
-        row, _ = summary_row(group, found, float("nan") if collect else time.perf_counter() - start)
+        row, _ = summary_row(group, found, minutes_spent(work, None if collect else time.perf_counter() - start))
         print(row, flush=True)
         names = sorted(n for n, s in found.items() if s not in ("killed", "timeout"))
         lines = [f"## {group}: {len(names)} not killed", ""]
