@@ -67,11 +67,12 @@ def registered():
 
 @pytest.fixture
 def ctrl_c():
-    """SIGINT handled as a terminal's Ctrl-C reaches a Python program (``KeyboardInterrupt``), whatever was
-    installed before; put back after. (In two full ``make test`` runs both Ctrl-C tests saw no KeyboardInterrupt,
-    while alone and as a pair they pass; with this fixture a full run passed, but a probe that checked the SIGINT
-    handler after every test found none that changed it, so the cause is open: see the closing note of
-    2026-11-27.)"""
+    """SIGINT handled as a terminal's Ctrl-C reaches a Python program (``KeyboardInterrupt``), whatever the test
+    process inherited; put back after. A process started as a background job of a non-interactive shell (``make test
+    > log &``, ``nohup ... &``) starts with SIGINT ignored, and Python then installs no handler of its own, so
+    without this fixture both Ctrl-C tests see no KeyboardInterrupt in such a run (checked 2026-11-27: the executor
+    test fails when pytest is started with ``bash -c '... & wait'`` and passes in the foreground; ``timeout`` resets
+    SIGINT for its child, which is why a run under it passed)."""
     import signal
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
