@@ -51,8 +51,9 @@ def split_cifar100(*, seed: int = 0, n_experiences: int = 10, initial_classes: i
 def _holdout_check(default_classes: int):
     """``check_args`` of a CIFAR-100 scenario keeping ``classes`` classes (``default_classes`` when not given) of 500
     training images each: its validation holdout (:func:`clbench.streams.check_capped_holdout`)."""
-    def check_args(*, classes: int = default_classes, **args: object) -> None:
-        check_capped_holdout((CIFAR100_TRAIN_PER_CLASS,) * classes, args)
+    def check_args(*, classes: int | None = None, **args: object) -> None:
+        kept = default_classes if classes is None else classes
+        check_capped_holdout((CIFAR100_TRAIN_PER_CLASS,) * kept, args)
     return check_args
 
 

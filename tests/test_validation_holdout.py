@@ -145,3 +145,12 @@ def test_the_holdout_enters_the_run_identity():
     identity = valid_spec.identity()
     assert identity["scenario"]["args"] == {"holdout": "valid"}
     assert {**identity, "scenario": {}} == {**test_spec.identity(), "scenario": {}}
+
+
+def test_split_cifar100_check_reads_classes_null_as_all_classes():
+    """``classes: null`` is split_cifar100's own default (every class): its load check counts 100 classes."""
+    from clbench.scenarios.cifar import split_cifar100
+
+    split_cifar100.check_args(classes=None, max_per_class=2, holdout="valid", valid_fraction=0.5)
+    with pytest.raises(ValueError):
+        split_cifar100.check_args(classes=None, max_per_class=1, holdout="valid", valid_fraction=0.5)
