@@ -14,7 +14,15 @@ claim: DP noise makes rare items' keys noisy and attention drifts to them ("dist
         "nonprivate,epochs=3,warmup=0.2,batch_size=2048,lr=0.008,loss_positions=1" \\
         "eps8,epochs=3,warmup=0.2,batch_size=2048,lr=0.008,loss_positions=1,dp_epsilon=8,dp_clipping=automatic"
 
-(the specs' syntax is benchmarks/seqrec_games_curve.py's).
+(the specs' syntax is benchmarks/seqrec_games_curve.py's). With ``--runs`` it trains nothing and reads the models a
+suite trained, from the final weights its ``model_snapshot`` callback kept (clbench/snapshots.py), each rebuilt with
+its record's hyperparameters; the label printed is the run id::
+
+    CLBENCH_DATA=<root> python benchmarks/seqrec_attention_distraction.py --runs \\
+        results/runs_in_progress/dp_seqrec_games_every/artifacts/games__dp_eps8_vanilla__s0 ...
+
+For a Re-Attention model the rows are the plain softmax of its scores, before the correction divides each by
+``exp(C σ_i² / 2)``: the distraction the correction is there to take back.
 """
 
 from __future__ import annotations
@@ -23,18 +31,22 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from clbench.callbacks import CallbackContext, CallbackSpec
 from clbench.cl.data import experience_tensors
 from clbench.scenarios.recommendation import games_seqrec
+from clbench.snapshots import load_snapshot
+from clbench.specs import RunSpec
 from clbench.strategies.seqrec import SeqRecConfig, SequentialRecommender, item_counts
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent))
 from seqrec_games_curve import parse  # noqa: E402  (the curve script's spec syntax)
 
 BUCKETS = ((1, 5), (6, 20), (21, 100), (101, 10**9))
+ARGS = {"max_len": 50, "windows": "last"}
 USERS = 4000
 
 
@@ -75,15 +87,9 @@ def profile(model, x: torch.Tensor, counts: torch.Tensor) -> list[dict]:
     return out
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    scenario = games_seqrec(max_len=50, windows="last")
-    train = scenario.train_stream[0]
-    x_train, _ = experience_tensors(train)
-    counts = item_counts(x_train, scenario.info.extra["n_items"])
-    x_test, _ = experience_tensors(scenario.test_stream[0])
-    x_test = x_test[:USERS]
-    for spec in sys.argv[1:]:
+def trained(specs: list[str], scenario, train):
+    """``(label, model, train_s)`` for each spec, trained here (seed 0)."""
+    for spec in specs:
         label, config, dp = parse(spec)
         torch.manual_seed(0)
         strategy = SequentialRecommender(scenario.info, torch.device("cpu"), SeqRecConfig(**config))
@@ -91,9 +97,39 @@ def main() -> None:
         strategy.callbacks.attach([CallbackSpec("dp", dp)] if dp else [], context)
         start = time.time()
         strategy.train(train)
-        strategy.model.eval()
-        for row in profile(strategy.model, x_test, counts):
-            print(json.dumps({"run": label, "train_s": round(time.time() - start, 1),
+        yield label, strategy.model, round(time.time() - start, 1)
+
+
+def recorded(folders: list[str], scenario):
+    """``(run id, model, None)`` for each run's artifacts folder ``<out>/artifacts/<run_id>``: the model rebuilt
+    from its record ``<out>/runs/<run_id>.json`` and loaded with its snapshot."""
+    for folder in map(Path, folders):
+        record = json.loads((folder.parents[1] / "runs" / f"{folder.name}.json").read_text())
+        spec = RunSpec.from_dict(record["spec"])
+        if (spec.scenario.name, spec.scenario.args) != ("games_seqrec", ARGS):
+            raise SystemExit(f"{folder.name}: scenario {spec.scenario.name} {spec.scenario.args}; this script reads "
+                             f"games_seqrec {ARGS}.")
+        strategy = SequentialRecommender(scenario.info, torch.device("cpu"), spec.config())
+        state = load_snapshot(folder)
+        for name, module in strategy.modules().items():
+            module.load_state_dict(state[name])
+        yield folder.name, strategy.model, None
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    scenario = games_seqrec(**ARGS)
+    train = scenario.train_stream[0]
+    x_train, _ = experience_tensors(train)
+    counts = item_counts(x_train, scenario.info.extra["n_items"])
+    x_test, _ = experience_tensors(scenario.test_stream[0])
+    x_test = x_test[:USERS]
+    args = sys.argv[1:]
+    models = recorded(args[1:], scenario) if args[:1] == ["--runs"] else trained(args, scenario, train)
+    for label, model, train_s in models:
+        model.eval()
+        for row in profile(model, x_test, counts):
+            print(json.dumps({"run": label, "train_s": train_s,
                               **{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}}), flush=True)
 
 

@@ -106,7 +106,7 @@ LAYERS = (
               "clbench.pretraining", "clbench.environment", "clbench.records", "clbench.progress",
               "clbench.artifacts", "clbench.loggers", "clbench.workers", "clbench.tasks", "clbench.leaderboard",
               "clbench.report", "clbench.suite_report", "clbench.precision", "clbench.optional", "clbench.adequacy",
-              "clbench.recorded")),
+              "clbench.recorded", "clbench.snapshots")),
     ("privacy", ("clbench.privacy",)),
     ("parts", ("clbench.cl", "clbench.models", "clbench.data")),
     ("methods", ("clbench.petl", "clbench.tangent", "clbench.analysis")),
