@@ -46,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from seqrec_games_curve import parse  # noqa: E402  (the curve script's spec syntax)
 
 BUCKETS = ((1, 5), (6, 20), (21, 100), (101, 10**9))
-ARGS = {"max_len": 50, "windows": "last"}
+SCENARIO = ("games_seqrec", {"max_len": 50, "windows": "last"})
+"""The scenario (name, arguments) the models are read on: Games, each user's latest 50 items."""
 USERS = 4000
 
 
@@ -100,15 +101,16 @@ def trained(specs: list[str], scenario, train):
         yield label, strategy.model, round(time.time() - start, 1)
 
 
-def recorded(folders: list[str], scenario):
+def recorded(folders: list[str], scenario, expected: tuple[str, dict] = SCENARIO):
     """``(run id, model, None)`` for each run's artifacts folder ``<out>/artifacts/<run_id>``: the model rebuilt
-    from its record ``<out>/runs/<run_id>.json`` and loaded with its snapshot."""
+    from its record ``<out>/runs/<run_id>.json`` and loaded with its snapshot; a run of another scenario than
+    ``expected`` (name, arguments) is refused."""
     for folder in map(Path, folders):
         record = json.loads((folder.parents[1] / "runs" / f"{folder.name}.json").read_text())
         spec = RunSpec.from_dict(record["spec"])
-        if (spec.scenario.name, spec.scenario.args) != ("games_seqrec", ARGS):
+        if (spec.scenario.name, spec.scenario.args) != expected:
             raise SystemExit(f"{folder.name}: scenario {spec.scenario.name} {spec.scenario.args}; this script reads "
-                             f"games_seqrec {ARGS}.")
+                             f"{expected[0]} {expected[1]}.")
         strategy = SequentialRecommender(scenario.info, torch.device("cpu"), spec.config())
         state = load_snapshot(folder)
         for name, module in strategy.modules().items():
@@ -118,7 +120,7 @@ def recorded(folders: list[str], scenario):
 
 def main() -> None:
     torch.set_num_threads(1)
-    scenario = games_seqrec(**ARGS)
+    scenario = games_seqrec(**SCENARIO[1])
     train = scenario.train_stream[0]
     x_train, _ = experience_tensors(train)
     counts = item_counts(x_train, scenario.info.extra["n_items"])

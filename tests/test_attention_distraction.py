@@ -64,3 +64,27 @@ def test_bucket_masses_and_key_shares_by_hand(script, monkeypatch):
     assert row["mass_101-1000000000"] == pytest.approx(0.75 / 2)
     assert row["keys_1-5"] == pytest.approx((1 / 2 + 1 / 3) / 2)
     assert row["entropy"] == pytest.approx(float(-(alpha * alpha.clamp_min(1e-30).log()).sum(-1).mean()))
+
+
+def test_runs_mode_rebuilds_the_suites_model_from_its_record_and_snapshot(script, tmp_path):
+    from clbench.executors import LocalExecutor
+    from clbench.suite_file import parse_suite
+    from tests.test_seqrec import cycles
+
+    entry = {"name": "seqrec", "args": {"dim": 16, "epochs": 3, "batch_size": 16, "heads": 2},
+             "callbacks": ["model_snapshot"]}
+    suite = parse_suite({"suite": "s", "seeds": [0], "scenarios": [{"name": "test_seqrec_cycles"}],
+                         "strategies": [entry]})
+    (record,) = LocalExecutor().run_all(suite.run_specs("cpu"), tmp_path)
+    assert record.status == "finished", record.reason
+    folder = tmp_path / "artifacts" / record.run_id
+    scenario = cycles()
+    ((label, model, _),) = script.recorded([str(folder)], scenario, ("test_seqrec_cycles", {}))
+    assert label == record.run_id
+    saved = torch.load(folder / "model.pt", weights_only=True)["model"]
+    assert model.state_dict().keys() == saved.keys()
+    assert all(torch.equal(value, saved[key]) for key, value in model.state_dict().items())
+    fresh = script.SequentialRecommender(scenario.info, torch.device("cpu"), suite.run_specs("cpu")[0].config())
+    assert not all(torch.equal(value, saved[key]) for key, value in fresh.model.state_dict().items())
+    with pytest.raises(SystemExit, match="this script reads games_seqrec"):
+        list(script.recorded([str(folder)], scenario))
