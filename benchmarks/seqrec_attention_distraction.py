@@ -35,8 +35,10 @@ from pathlib import Path
 
 import torch
 
+from clbench import records
 from clbench.callbacks import CallbackContext, CallbackSpec
 from clbench.cl.data import experience_tensors
+from clbench.runner import record_path
 from clbench.scenarios.recommendation import games_seqrec
 from clbench.snapshots import load_snapshot
 from clbench.specs import RunSpec
@@ -106,8 +108,7 @@ def recorded(folders: list[str], scenario, expected: tuple[str, dict] = SCENARIO
     from its record ``<out>/runs/<run_id>.json`` and loaded with its snapshot; a run of another scenario than
     ``expected`` (name, arguments) is refused."""
     for folder in map(Path, folders):
-        record = json.loads((folder.parents[1] / "runs" / f"{folder.name}.json").read_text())
-        spec = RunSpec.from_dict(record["spec"])
+        spec = RunSpec.from_dict(records.read(record_path(folder.parents[1], folder.name))["spec"])
         if (spec.scenario.name, spec.scenario.args) != expected:
             raise SystemExit(f"{folder.name}: scenario {spec.scenario.name} {spec.scenario.args}; this script reads "
                              f"{expected[0]} {expected[1]}.")
