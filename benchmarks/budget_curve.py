@@ -18,15 +18,17 @@ samples of each step scored), in the leaderboard's units (percent for accuracy),
   point at epoch ``e < E`` is the model after ``e`` epochs of an ``E``-epoch run: the same as an ``e``-epoch run for
   strategies whose prediction is ready after every epoch and whose learning rate does not depend on ``E`` (replay,
   DER++, the PETL rows at a constant rate), NOT for those that finish their predictor at the end of a step (iCaRL's
-  class means of exemplars, a balanced fine-tuning phase) or decay the rate over ``E`` epochs.
+  class means of exemplars, a balanced fine-tuning phase) or decay the rate over ``E`` epochs. A private row whose
+  noise is calibrated from epsilon over the ``E`` epochs is refused here (use ``--at``).
 - ``--at 5,10,20,30``: one training per budget, each scored at the end of every step, as a run is: exact for every
   strategy, at the cost of the sum of the budgets.
 
 At the end: a markdown table of the curve (one row per epoch, one column per row and step: just trained / seen) and,
 per row and step, the epoch where the curve flattens. Rule: the first epoch ``e`` after which the just-trained
-score never rises by more than ``--tolerance`` (1 point) at any later epoch up to ``E``, with at least ``--tail``
-(20%) of ``E`` after it (``E - e >= 0.2 E``), so that a curve still rising at ``E`` is reported as not flat (raise
-``E``) rather than flat at ``E``. Read a budget off it: the flattening epoch (or a rounder one just above it), then
+score never rises by more than ``--tolerance`` (1 point of a metric in percent; for another, such as NDCG@10,
+required, in its units) at any later epoch up to ``E``, with at least ``--tail`` (20%) of ``E`` after it
+(``E - e >= 0.2 E``), so that a curve still rising at ``E`` is reported as not flat (raise ``E``) rather than flat at
+``E``. Read a budget off it: the flattening epoch (or a rounder one just above it), then
 run the suite's rows at that budget with ``holdout: test``, which reads the test data once, at the end.
 """
 
@@ -49,6 +51,7 @@ from clbench import suite_file
 from clbench.callbacks import Callback, CallbackContext, CallbackSpec
 from clbench.environment import resolve_device
 from clbench.errors import ConfigError
+from clbench.metrics import MetricSpec
 from clbench.runner import build_scenario, build_strategy, seed_everything
 from clbench.specs import RunSpec
 
@@ -87,20 +90,31 @@ class Curve:
     device: torch.device
     points: dict[int, list[tuple[int, float, float]]] = field(default_factory=dict)
 
+    @property
+    def metric(self) -> MetricSpec:
+        """The scenario's primary metric (the one scored)."""
+        specs = self.scenario.evaluator.specs
+        return next((s for s in specs if s.primary), specs[0])
+
+    @property
+    def decimals(self) -> int:
+        """Decimals the table prints: 1 for a metric in percent (accuracy), 4 for a fraction (NDCG@10 ~ 0.05)."""
+        return 1 if self.metric.unit == "%" else 4
+
     def score(self, step: int, epoch: int, train_s: float) -> None:
         """Score the strategy on the validation data of steps ``0..step`` and print the point's JSON line."""
         start = time.perf_counter()
-        evaluator = self.scenario.evaluator
-        metric = next((s for s in evaluator.specs if s.primary), evaluator.specs[0])
+        metric = self.metric
         with undisturbed(self.device):
-            scores = evaluator(self.strategy, self.scenario, step, self.device)
+            scores = self.scenario.evaluator(self.strategy, self.scenario, step, self.device)
         row, sizes = scores.rows[metric.name][:step + 1], scores.sizes[:step + 1]
         just = metric.scale * row[step]
         seen = metric.scale * sum(r * n for r, n in zip(row, sizes)) / sum(sizes)
         self.points.setdefault(step, []).append((epoch, just, seen))
+        digits = self.decimals + 2
         print(json.dumps({"event": "epoch", "scenario": self.spec.scenario.key, "row": self.spec.strategy.key,
                           "seed": self.spec.seed, "step": step, "epoch": epoch, "metric": metric.name,
-                          "holdout": "valid", "just_trained": round(just, 3), "seen": round(seen, 3),
+                          "holdout": "valid", "just_trained": round(just, digits), "seen": round(seen, digits),
                           "sizes": sizes, "train_s": round(train_s, 2),
                           "eval_s": round(time.perf_counter() - start, 2)}), flush=True)
 
@@ -125,9 +139,14 @@ class EpochScores(Callback):
         self.start = time.perf_counter()
 
 
-def run_row(spec: RunSpec, steps: int | None, every_epoch: bool) -> Curve:
+def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: float | None = 1.0) -> Curve:
     """Train ``spec``'s first ``steps`` steps as the runner does, scoring after every epoch (``every_epoch``) or at
-    the end of every step."""
+    the end of every step. ``tolerance`` None is refused, before training, for a metric not in percent (it has no
+    default: a point of NDCG@10 is not a point of accuracy). Every epoch of a private row whose noise is calibrated
+    from epsilon is refused (its epoch e is not the e-epoch run at that epsilon: use ``--at``)."""
+    if every_epoch and any(c["name"] == "dp" and "epsilon" in c.get("args", {}) for c in spec.strategy.callbacks):
+        raise ConfigError(f"{spec.strategy.key} calibrates its noise from epsilon over all its epochs: epoch e of one "
+                          f"run is not the e-epoch run at that epsilon. Curve it with --at (one run per budget).")
     device = resolve_device(spec.device)
     seed_everything(spec.seed)
     scenario = build_scenario(spec)
@@ -136,6 +155,9 @@ def run_row(spec: RunSpec, steps: int | None, every_epoch: bool) -> Curve:
     if strategy.offline:
         raise ConfigError(f"{spec.strategy.key} trains once on the whole stream (offline): it has no steps to curve.")
     curve = Curve(spec, scenario, strategy, device)
+    if tolerance is None and curve.metric.unit != "%":
+        raise ConfigError(f"{spec.scenario.key}'s metric {curve.metric.name} is not in percent: pass --tolerance in "
+                          f"its units (e.g. 0.001 for NDCG@10).")
     callbacks = strategy.callbacks
     callbacks.attach([CallbackSpec(**c) for c in spec.strategy.callbacks],
                      CallbackContext(run_id=spec.run_id, modules=strategy.modules,
@@ -170,7 +192,8 @@ def table(curves: Sequence[Curve], tolerance: float, tail: float) -> str:
     lines = ["| epoch | " + " | ".join(f"{c.spec.strategy.key} step {s}" for c, s in columns) + " |",
              "|---:|" + "---:|" * len(columns)]
     for epoch in epochs:
-        cells = [next((f"{j:.1f} / {s:.1f}" for e, j, s in c.points[step] if e == epoch), "") for c, step in columns]
+        cells = [next((f"{j:.{c.decimals}f} / {s:.{c.decimals}f}" for e, j, s in c.points[step] if e == epoch), "")
+                 for c, step in columns]
         lines.append(f"| {epoch} | " + " | ".join(cells) + " |")
     lines.append("")
     for c, step in columns:
@@ -214,7 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="train only the first N steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--valid-fraction", type=float, default=None, help="the scenario's valid_fraction")
-    parser.add_argument("--tolerance", type=float, default=1.0, help="flattening: rise allowed (points)")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="flattening: rise allowed, in the metric's units (default 1 point for a metric in "
+                             "percent; required for others, e.g. 0.001 for NDCG@10)")
     parser.add_argument("--tail", type=float, default=0.2, help="flattening: fraction of E that must follow")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the suites' runs)")
     args = parser.parse_args(argv)
@@ -227,14 +252,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for budget in budgets:
             for spec in row_specs(args.suite, args.scenario, args.strategies, budget, args.seed,
                                   args.valid_fraction):
-                curve = run_row(spec, args.steps, every_epoch=not args.at)
+                curve = run_row(spec, args.steps, every_epoch=not args.at, tolerance=args.tolerance)
                 merged = curves.setdefault(spec.strategy.key, curve)
                 for step, points in curve.points.items() if merged is not curve else ():
                     merged.points[step] += points
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(table(list(curves.values()), args.tolerance, args.tail))
+    print(table(list(curves.values()), 1.0 if args.tolerance is None else args.tolerance, args.tail))
     return 0
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from clbench.protocol import NEXT_ITEM
 from clbench.registry import SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,3 +89,46 @@ def test_the_rows_are_the_suites_entries_with_a_validation_holdout_and_the_epoch
 def test_the_flattening_epoch(just, flat, budget_curve):
     points = [(e + 1, j, 0.0) for e, j in enumerate(just)]
     assert budget_curve.flattening_epoch(points, tolerance=1.0, tail=0.2) == flat
+
+
+@SCENARIOS.register("test_curve_cycles")
+def cycles(*, seed: int = 0, holdout: str = "test"):
+    """Each user walks 12 items in a cycle from its own start (next-item, learnable; NDCG@10 is its metric)."""
+    from clbench.scenarios.movielens import sequences_scenario
+    rows = [(u, (u + t) % 12 + 1, 1, 1000 * t + u) for u in range(30) for t in range(10)]
+    return sequences_scenario(np.array(rows), 1, max_len=6, holdout=holdout, n_items=12)
+
+
+cycles.kind = NEXT_ITEM
+SEQREC_SUITE = """suite: curve_seqrec
+scenarios:
+  - {name: test_curve_cycles, label: cycles}
+strategies:
+  - {name: seqrec, args: {dim: 8, batch_size: 16, lr: 0.01, dropout: 0.0}}
+"""
+
+
+def test_a_metric_not_in_percent_needs_its_own_tolerance_and_keeps_its_decimals(tmp_path, capsys, budget_curve):
+    (tmp_path / "s.yaml").write_text(SEQREC_SUITE)
+    argv = [str(tmp_path / "s.yaml"), "cycles", "seqrec", "--epochs", "3"]
+    assert budget_curve.main(argv) == 2
+    assert "not in percent: pass --tolerance" in capsys.readouterr().err
+    assert budget_curve.main([*argv, "--tolerance", "0.001"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    lines = [json.loads(line) for line in out if line.startswith("{")]
+    assert [r["metric"] for r in lines] == ["ndcg@10"] * 3 and all(0 <= r["just_trained"] <= 1 for r in lines)
+    cells = [line.split(" | ")[1] for line in out if line.startswith("| ") and line[2].isdigit()]
+    assert len(cells) == 3 and all(re.fullmatch(r"\d\.\d{4} / \d\.\d{4}", c.rstrip(" |")) for c in cells)
+    assert cells[0].startswith(f"{lines[0]['just_trained']:.4f}")
+
+
+def test_a_private_row_calibrated_from_epsilon_is_refused_every_epoch_and_taken_with_at(tmp_path, capsys,
+                                                                                         budget_curve):
+    private = SEQREC_SUITE.replace("dropout: 0.0}}", "dropout: 0.0}, dp: {epsilon: 8.0, clip: 1.0}}")
+    (tmp_path / "s.yaml").write_text(private)
+    argv = [str(tmp_path / "s.yaml"), "cycles", "seqrec", "--tolerance", "0.001"]
+    assert budget_curve.main([*argv, "--epochs", "2"]) == 2
+    assert "calibrates its noise from epsilon" in capsys.readouterr().err
+    assert budget_curve.main([*argv, "--at", "1,2"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [r["epoch"] for r in lines] == [1, 2]
