@@ -27,6 +27,7 @@ For a Re-Attention model the rows are the plain softmax of its scores, before th
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -90,10 +91,9 @@ def profile(model, x: torch.Tensor, counts: torch.Tensor) -> list[dict]:
     return out
 
 
-def trained(specs: list[str], scenario, train):
-    """``(label, model, train_s)`` for each spec, trained here (seed 0)."""
-    for spec in specs:
-        label, config, dp = parse(spec)
+def trained(specs: list[tuple[str, dict, dict]], scenario, train):
+    """``(label, model, train_s)`` for each parsed spec ``(label, config, dp)``, trained here (seed 0)."""
+    for label, config, dp in specs:
         torch.manual_seed(0)
         strategy = SequentialRecommender(scenario.info, torch.device("cpu"), SeqRecConfig(**config))
         context = CallbackContext(run_id=label, modules=strategy.modules, n_train=len(train.dataset))
@@ -119,7 +119,15 @@ def recorded(folders: list[str], scenario, expected: tuple[str, dict] = SCENARIO
         yield folder.name, strategy.model, None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("specs", nargs="*", help='train these, seed 0: "LABEL,field=value,...,dp_epsilon=8"')
+    parser.add_argument("--runs", nargs="+", default=[], metavar="ARTIFACTS",
+                        help="read these suite runs instead: <out>/artifacts/<run_id> folders with a model snapshot")
+    args = parser.parse_args(argv)
+    if bool(args.specs) == bool(args.runs):
+        parser.error("give specs to train or --runs to read (one of the two)")
+    specs = [parse(spec) for spec in args.specs]                  # a malformed spec fails before the data loads
     torch.set_num_threads(1)
     scenario = games_seqrec(**SCENARIO[1])
     train = scenario.train_stream[0]
@@ -127,8 +135,7 @@ def main() -> None:
     counts = item_counts(x_train, scenario.info.extra["n_items"])
     x_test, _ = experience_tensors(scenario.test_stream[0])
     x_test = x_test[:USERS]
-    args = sys.argv[1:]
-    models = recorded(args[1:], scenario) if args[:1] == ["--runs"] else trained(args, scenario, train)
+    models = recorded(args.runs, scenario) if args.runs else trained(specs, scenario, train)
     for label, model, train_s in models:
         model.eval()
         for row in profile(model, x_test, counts):

@@ -72,8 +72,11 @@ def parse(spec: str) -> tuple[str, dict, dict]:
     for key, value in (pair.split("=", 1) for pair in pairs):
         if key.startswith("dp_"):
             dp[key[3:]] = value if key == "dp_clipping" else float(value)
-        else:
+        elif key in kinds:
             config[key] = kinds[key](value)
+        else:
+            raise SystemExit(f"{spec}: {key!r} is not a SeqRecConfig field ({', '.join(sorted(kinds))}) "
+                             f"nor a dp_<argument>.")
     return label, config, dp
 
 

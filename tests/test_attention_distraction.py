@@ -88,3 +88,11 @@ def test_runs_mode_rebuilds_the_suites_model_from_its_record_and_snapshot(script
     assert not all(torch.equal(value, saved[key]) for key, value in fresh.model.state_dict().items())
     with pytest.raises(SystemExit, match="this script reads games_seqrec"):
         list(script.recorded([str(folder)], scenario))
+
+
+@pytest.mark.parametrize("argv", [[], ["a,epochs=1", "--runs", "x"], ["a,no_such_field=1"]])
+def test_arguments_are_refused_before_the_data_loads(script, monkeypatch, argv):
+    """Neither specs nor --runs, both, or a spec naming no config field: refused before Amazon Games is read."""
+    monkeypatch.setattr(script, "games_seqrec", lambda **_: pytest.fail("the data loaded"))
+    with pytest.raises(SystemExit):
+        script.main(argv)
