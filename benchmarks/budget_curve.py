@@ -169,6 +169,10 @@ def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: floa
         callbacks.on_experience_start(i)
         strategy.train(experience)
         callbacks.on_experience_end(i)
+        if every_epoch and i not in curve.points:
+            raise ConfigError(f"{spec.strategy.key} trained step {i} without the curve's epoch hook firing (members "
+                              f"trained with callbacks rebuilt from their specs, as taft's or model_soup's, or a loop "
+                              f"without on_epoch_end): score it at the end of each step with --at.")
         if not every_epoch:
             curve.score(i, spec.config().epochs, time.perf_counter() - start)
     callbacks.close()

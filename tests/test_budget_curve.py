@@ -132,3 +132,13 @@ def test_a_private_row_calibrated_from_epsilon_is_refused_every_epoch_and_taken_
     assert budget_curve.main([*argv, "--at", "1,2"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [r["epoch"] for r in lines] == [1, 2]
+
+
+def test_a_row_whose_training_never_fires_the_epoch_hook_is_refused_not_dropped(tmp_path, capsys, budget_curve):
+    """taft trains its members with callbacks rebuilt from their specs: no per-epoch point can be scored, and the
+    row must say so (it used to vanish from the table)."""
+    (tmp_path / "s.yaml").write_text(SUITE.replace("{name: naive, preset: cpu}", "{name: taft, preset: cpu}"))
+    assert budget_curve.main([str(tmp_path / "s.yaml"), "digits", "taft", "--epochs", "1", "--steps", "1"]) == 2
+    assert "without the curve's epoch hook firing" in capsys.readouterr().err
+    assert budget_curve.main([str(tmp_path / "s.yaml"), "digits", "taft", "--at", "1", "--steps", "1"]) == 0
+    assert "| 1 | " in capsys.readouterr().out
