@@ -139,7 +139,18 @@ class EpochScores(Callback):
         self.start = time.perf_counter()
 
 
-def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: float | None = 1.0) -> Curve:
+def tolerance_for(metric: MetricSpec, given: float | None) -> float:
+    """The flattening rule's allowed rise: ``given``, else 1 point for a metric in percent; a metric in other units
+    (NDCG@10) has no default (a point of NDCG@10 is not a point of accuracy) and is refused without one."""
+    if given is not None:
+        return given
+    if metric.unit != "%":
+        raise ConfigError(f"the metric {metric.name} is not in percent: pass --tolerance in its units (e.g. 0.001 "
+                          f"for NDCG@10).")
+    return 1.0
+
+
+def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: float | None = None) -> Curve:
     """Train ``spec``'s first ``steps`` steps as the runner does, scoring after every epoch (``every_epoch``) or at
     the end of every step. ``tolerance`` None is refused, before training, for a metric not in percent (it has no
     default: a point of NDCG@10 is not a point of accuracy). Every epoch of a private row whose noise is calibrated
@@ -155,9 +166,7 @@ def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: floa
     if strategy.offline:
         raise ConfigError(f"{spec.strategy.key} trains once on the whole stream (offline): it has no steps to curve.")
     curve = Curve(spec, scenario, strategy, device)
-    if tolerance is None and curve.metric.unit != "%":
-        raise ConfigError(f"{spec.scenario.key}'s metric {curve.metric.name} is not in percent: pass --tolerance in "
-                          f"its units (e.g. 0.001 for NDCG@10).")
+    tolerance_for(curve.metric, tolerance)
     callbacks = strategy.callbacks
     callbacks.attach([CallbackSpec(**c) for c in spec.strategy.callbacks],
                      CallbackContext(run_id=spec.run_id, modules=strategy.modules,
@@ -263,7 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(table(list(curves.values()), 1.0 if args.tolerance is None else args.tolerance, args.tail))
+    rows = list(curves.values())
+    print(table(rows, tolerance_for(rows[0].metric, args.tolerance), args.tail))
     return 0
 
 

@@ -19,7 +19,7 @@ suite trained, from the final weights its ``model_snapshot`` callback kept (clbe
 its record's hyperparameters; the label printed is the run id::
 
     CLBENCH_DATA=<root> python benchmarks/seqrec_attention_distraction.py --runs \\
-        results/runs_in_progress/dp_seqrec_games_every/artifacts/games__dp_eps8_vanilla__s0 ...
+        results/reference/dp_seqrec_games_every/artifacts/games__dp_eps8_vanilla__s0 ...
 
 For a Re-Attention model the rows are the plain softmax of its scores, before the correction divides each by
 ``exp(C σ_i² / 2)``: the distraction the correction is there to take back.
