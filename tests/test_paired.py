@@ -31,6 +31,15 @@ def test_paired_difference_and_interval_by_hand():
     assert paired(shown, "A", "B")[0].verdict == "A > B"
 
 
+def test_a_row_without_the_metric_has_no_pairs_and_the_others_keep_theirs():
+    # joint's avg_inc_acc is None (no incremental steps): its seeds pair with nothing, the other rows still pair
+    records = [_record("A", s, 10.0 + s) for s in range(2)] + [_record("B", s, 9.0) for s in range(2)] \
+        + [_record("joint", s, None) for s in range(2)]
+    assert paired(records, "A", "joint") == []
+    (result,) = paired(records, "A", "B")
+    assert result.differences == (1.0, 2.0)
+
+
 def test_paired_command_writes_the_table(tmp_path, capsys):
     import json
     (tmp_path / "runs").mkdir()

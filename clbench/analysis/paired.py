@@ -82,7 +82,7 @@ def paired(records: list[dict], a: str, b: str, metric: str = "last_acc") -> lis
     """One :class:`Paired` per scenario on which both rows have finished seeds in common."""
     values: dict[tuple[str, str, int], float] = {}
     for r in records:
-        if r["status"] == "finished" and metric in r["metrics"]:
+        if r["status"] == "finished" and r["metrics"].get(metric) is not None:      # None: undefined (joint's avg_inc)
             values[(scenario_label(r), row_label(r), r["seed"])] = float(r["metrics"][metric])
     out = []
     for scenario in sorted({k[0] for k in values}):
