@@ -231,8 +231,9 @@ def holder(kind: str, name: str, module: str) -> str | None:
     (or be shadowed) depending on the order of imports, silently: :class:`clbench.registry.Registry` refuses it."""
     for source in sources():
         if source.module != module and name in source.declared.get(kind, {}):
+            read = f"; its names read from the plugin index cache {source.cache}" if source.cached else ""
             return f"shipped module {source.module}" if source.origin == "shipped" else \
-                f"plugin module {source.module} ({source.origin})"
+                f"plugin module {source.module} ({source.origin}{read})"
     return None
 
 
@@ -308,7 +309,11 @@ def sources() -> list[Source]:
             source = _shipped_source(module, path, index)
             if source is not None:
                 _sources.append(source)
-        _sources += _entry_point_sources()
+        shipped: dict[str, set[str]] = {}
+        for source in _sources:
+            for kind, names in source.declared.items():
+                shipped.setdefault(kind, set()).update(names)
+        _sources += _entry_point_sources(shipped)
         for spec in [s for s in os.environ.get(ENV, "").split(os.pathsep) if s]:
             load_plugin(spec)
     return _sources
@@ -347,7 +352,9 @@ def _shipped_source(module: str, path: Path, index: dict) -> Source | None:
     return Source(module, path, "shipped", declared, dynamic, records=records) if declared or dynamic else None
 
 
-def _entry_point_sources() -> list[Source]:
+def _entry_point_sources(shipped: dict[str, set[str]]) -> list[Source]:
+    """The installed plugin modules; ``shipped``: ``{kind: names}`` of the shipped modules (a cache may not claim
+    one)."""
     from importlib.metadata import entry_points
 
     found = []
@@ -365,11 +372,38 @@ def _entry_point_sources() -> list[Source]:
         sha256 = hashlib.sha256(data).hexdigest() if path else ""
         cache = cache_file(ep.dist.name, ep.dist.version) if ep.dist and path else None
         known = _read_cache(cache).get(ep.module) if cache else None
-        cached = known is not None and known.get("sha256") == sha256
-        declared, dynamic = (known["entries"], set()) if cached else scan(data) if path else ({}, set(KINDS))
-        found.append(Source(ep.module, path, f"entry point {ep.name!r} of {dist}", declared, dynamic, cache, sha256,
+        declared, dynamic = scan(data) if path else ({}, set(KINDS))
+        cached = known is not None and known.get("sha256") == sha256 and _trusted(cache, ep.module, known,
+                                                                                   declared, dynamic, shipped)
+        found.append(Source(ep.module, path, f"entry point {ep.name!r} of {dist}",
+                            known["entries"] if cached else declared, set() if cached else dynamic, cache, sha256,
                             cached))
     return found
+
+
+def _trusted(cache: Path, module: str, known: dict, declared: dict[str, dict[str, str]], dynamic: set[str],
+             shipped: dict[str, set[str]]) -> bool:
+    """Whether the cached entry ``known`` of ``module`` (its sha256 matching) says what the module's code can
+    register: every name its code registers literally (``declared``, from :func:`scan`), no other name except of a
+    kind it registers under computed names (``dynamic``), and no name that a shipped module holds (``shipped``:
+    ``{kind: names}``). A cache that disagrees is not used (the names are read from the module's code, and the entry
+    is written again when the module is next imported) and a warning names the file."""
+    entries = known.get("entries")
+    if not (isinstance(entries, dict) and all(k in KINDS and isinstance(v, dict) and
+                                              all(isinstance(n, str) and isinstance(d, str) for n, d in v.items())
+                                              for k, v in entries.items())):
+        problem = "its entries are not {kind: {name: summary}}"
+    else:
+        problem = next((f"it {verb} {kind} {name!r}{why}" for kind in KINDS for verb, names, why in (
+            ("hides", set(declared.get(kind, {})) - set(entries.get(kind, {})), ", which the module's code registers"),
+            ("claims", set(entries.get(kind, {})) & shipped.get(kind, set()), ", which clbench ships"),
+            ("claims", set() if kind in dynamic else set(entries.get(kind, {})) - set(declared.get(kind, {})),
+             ", which the module's code does not register")) for name in sorted(names)), None)
+    if problem is not None:
+        log.warning("the plugin index cache %s is not used for plugin module %s: %s; its names are read from the "
+                    "module's code instead (delete the file, or it is rewritten when the module is next imported).",
+                    cache, module, problem)
+    return problem is None
 
 
 def cache_file(distribution: str, version: str) -> Path:

@@ -267,3 +267,75 @@ def test_list_reads_the_index_and_list_check_imports_to_find_failures(plugin, mo
     listed = capsys.readouterr().out
     assert f"{name}" in listed and "UNAVAILABLE: ModuleNotFoundError: No module named 'opacus_is_not_installed_here'" \
         in listed and "From the index." not in listed
+
+
+CACHED_MODULE = '''
+from clbench.registry import STRATEGIES
+
+
+@STRATEGIES.register("test_cached_nm")
+class Cached:
+    """A strategy of an installed package (never imported here)."""
+'''
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """An installed distribution ``test-cached-pkg 0.1`` whose entry point names ``test_cached_methods`` (a
+    dist-info folder on sys.path, as pip writes it), and a writer of its plugin index cache; the discovery is redone
+    in this test and put back after it."""
+    import hashlib
+
+    site = tmp_path / "site"
+    info = site / "test_cached_pkg-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: test-cached-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[clbench.plugins]\nmethods = test_cached_methods\n")
+    (site / "test_cached_methods.py").write_text(CACHED_MODULE)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("CLBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(plugins, "_sources", None)
+    cache = plugins.cache_file("test-cached-pkg", "0.1")
+
+    def write(entries: dict) -> Path:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        sha = hashlib.sha256(CACHED_MODULE.encode()).hexdigest()
+        cache.write_text(json.dumps({"modules": {"test_cached_methods": {"sha256": sha, "entries": entries}}}))
+        monkeypatch.setattr(plugins, "_sources", None)
+        return cache
+
+    return write
+
+
+def _installed_source() -> plugins.Source:
+    (source,) = [s for s in plugins.sources() if s.module == "test_cached_methods"]
+    return source
+
+
+def test_an_honest_plugin_index_cache_is_read(installed):
+    installed({"strategy": {"test_cached_nm": "From the cache."}})
+    source = _installed_source()
+    assert source.cached and source.declared == {"strategy": {"test_cached_nm": "From the cache."}}
+    assert STRATEGIES.describe("test_cached_nm") == "From the cache."
+
+
+@pytest.mark.parametrize("entries, wrong", [
+    ({"strategy": {"test_cached_nm": "", "naive": ""}}, "it claims strategy 'naive', which clbench ships"),
+    ({"strategy": {}}, "it hides strategy 'test_cached_nm', which the module's code registers"),
+    ({"strategy": {"test_cached_nm": "", "test_invented": ""}},
+     "it claims strategy 'test_invented', which the module's code does not register"),
+    ({"strategy": ["test_cached_nm"]}, "its entries are not {kind: {name: summary}}"),
+], ids=["claims a shipped name", "hides an installed strategy", "invents a name", "malformed"])
+def test_a_plugin_index_cache_that_lies_is_not_used_and_the_warning_names_its_file(installed, caplog, entries,
+                                                                                    wrong):
+    """An edited cache entry (the module's sha256 kept) can neither take a shipped name (every suite using naive
+    failed with a self-contradictory line), hide a strategy the module registers (a valid suite refused as unknown)
+    nor invent one (shown by `list`): the names are read from the module's code, and the warning names the file."""
+    cache = installed(entries)
+    source = _installed_source()
+    assert not source.cached and source.declared == {"strategy": {"test_cached_nm": ""}}
+    assert "test_cached_nm" in STRATEGIES.names() and "test_invented" not in STRATEGIES.names()
+    assert plugins.holder("strategy", "naive", "clbench.strategies.baselines") is None
+    assert STRATEGIES.module_of("naive") == "clbench.strategies.baselines"
+    (warning,) = [r.getMessage() for r in caplog.records if "plugin index cache" in r.getMessage()]
+    assert str(cache) in warning and wrong in warning and "test_cached_methods" in warning
