@@ -325,9 +325,16 @@ def shipped_modules() -> list[tuple[str, Path]]:
     found: dict[str, Path] = {}
     for package in SHIPPED_PACKAGES:
         spec = importlib.util.find_spec(package)
-        for folder in (spec.submodule_search_locations or []) if spec else []:
+        if spec is None:
+            raise PluginError(NOT_INSTALLED.format(package=package, root=Path(__file__).resolve().parents[1]))
+        for folder in spec.submodule_search_locations or []:
             _walk(package, Path(folder), found)
     return sorted(found.items())
+
+
+NOT_INSTALLED = ("{package} is not found: clbench runs from a checkout that is not installed (the shipped strategies "
+                 "and scenarios are mapped in by the installation); run `pip install -e {root}` (or `make venv`) "
+                 "and start it again.")
 
 
 def _walk(package: str, folder: Path, found: dict[str, Path]) -> None:

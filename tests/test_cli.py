@@ -101,3 +101,25 @@ def test_threads_flag_sets_torch_threads_and_rejects_zero(tiny_suite, tmp_path, 
         assert "--threads must be at least 1" in capsys.readouterr().err
     finally:
         torch.set_num_threads(before)
+
+
+UNINSTALLED = ("import sys\n"
+               "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]\n"
+               "sys.path_hooks[:] = [h for h in sys.path_hooks if 'editable' not in getattr(h, '__module__', '')]\n"
+               "sys.path_importer_cache.clear()\n"
+               "sys.path.insert(0, {root!r})\n"
+               "from clbench.cli import main\n"
+               "sys.exit(main({argv!r}))\n")
+
+
+def test_an_uninstalled_checkout_says_in_one_line_to_install_it(tmp_path):
+    """From a checkout that is not pip-installed (clbench importable from it, clbench.strategies and
+    clbench.scenarios not mapped in), `list` listed nothing and a suite failed with "unknown scenario 'split_digits'.
+    Known scenarios: ." — now both say in one line to install it."""
+    for argv in (["list"], ["--suite", "quick", "--out", str(tmp_path / "out")]):
+        done = subprocess.run([sys.executable, "-c", UNINSTALLED.format(root=str(ROOT), argv=argv)], cwd=tmp_path,
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and done.stdout == "", done.stdout
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: clbench.strategies is not found: ")
+        assert f"pip install -e {ROOT}" in done.stderr
+    assert not (tmp_path / "out").exists()

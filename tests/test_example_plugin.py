@@ -70,13 +70,13 @@ def test_list_shows_an_installed_plugin_without_importing_it_and_caches_its_inde
     listed = _python(venv, LIST_IMPORTS)
     assert listed[-1] == "['clbench_example_plugin']"             # the package's docstring-only __init__ (find_spec)
     (line,) = [line for line in listed if line.split()[:1] == ["nearest_mean"]]
-    assert "example plugin" in line and line.endswith("(presets: cpu, full)")
+    assert "example plugin" in line and line.endswith("(presets: cpu, full) [plugin: clbench_example_plugin.strategy]")
     assert _python(venv, CACHED)[-1] == "[]"
 
     assert _clbench(venv, "list", "--check").returncode == 0                 # imports every plugin module
     (cache,) = index.glob("clbench?example?plugin-0.1.0.json")         # one file per distribution and version
     modules = json.loads(cache.read_text())["modules"]
-    summary = line.split(None, 1)[1]
+    summary = line.split(None, 1)[1].removesuffix(" [plugin: clbench_example_plugin.strategy]")
     assert modules["clbench_example_plugin.strategy"]["entries"] == {"strategy": {"nearest_mean": summary}}
     assert set(modules["clbench_example_plugin.scenario"]["entries"]["scenario"]) == {"rings"}
     both = "['clbench_example_plugin.scenario', 'clbench_example_plugin.strategy']"

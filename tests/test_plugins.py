@@ -317,6 +317,12 @@ def test_an_honest_plugin_index_cache_is_read(installed):
     source = _installed_source()
     assert source.cached and source.declared == {"strategy": {"test_cached_nm": "From the cache."}}
     assert STRATEGIES.describe("test_cached_nm") == "From the cache."
+    from clbench.commands.lists import list_lines
+
+    listed = {line.split()[0]: line for line in list_lines() if line.startswith("  ")}
+    assert listed["test_cached_nm"].endswith("From the cache. [plugin: test_cached_methods]")
+    assert "[plugin" not in listed["naive"]
+    assert not any("test_cached_nm" in line for line in list_lines(shipped=True))
 
 
 @pytest.mark.parametrize("entries, wrong", [

@@ -25,15 +25,17 @@ README_MARKERS = ("<!-- lists:start -->\n", "<!-- lists:end -->")
 
 def list_lines(markdown: bool = False, shipped: bool = False) -> list[str]:
     """What ``clbench list`` prints: every name of :data:`LISTED` with its one-line summary (shipped names from the
-    registries' index: no module is imported for them), the plugin modules that failed to load, and the shipped
-    suites. ``shipped``: only what ships with clbench (the README's lists)."""
+    registries' index: no module is imported for them; a plugin's marked ``[plugin: MODULE]``), the plugin modules
+    that failed to load, and the shipped suites. ``shipped``: only what ships with clbench (the README's lists)."""
     fmt = (lambda name, doc: f"- `{name}`: {doc}") if markdown else (lambda name, doc: f"  {name:22s} {doc}")
     lines = []
     for title, registry in LISTED:
         lines.append(f"### {title}" if markdown else f"{title.lower()}:")
         for name in registry.names():
-            if not shipped or registry.module_of(name).startswith("clbench."):
-                lines.append(fmt(name, _describe(registry, name)))
+            module = registry.module_of(name)
+            plugin = not module.startswith("clbench.")
+            if not (shipped and plugin):
+                lines.append(fmt(name, _describe(registry, name) + (f" [plugin: {module}]" if plugin else "")))
         if registry is STRATEGIES and not shipped:
             lines += [fmt(module, f"UNAVAILABLE: {reason}") for module, reason in sorted(UNAVAILABLE.items())]
         lines.append("")
