@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from clbench.models.seqrec import SeqRec, target_loss
+from clbench.models.seqrec import BLOCKS, EMBEDDINGS, SeqRec, target_loss
 from clbench.privacy.reattention import ACTIVATIONS, ATTENTIONS, ErrorPrior
 from clbench.privacy.step import PrivateTraining
 from clbench.protocol import NEXT_ITEM, ParamCount, ScenarioInfo, StrategyBase
@@ -44,13 +44,20 @@ class SeqRecConfig(RangeChecked):
     dp_seqrec's 80 steps, raises their σ by under 1%). ``warmup``: the fraction of the steps of Ding et al.'s
     linear warm-up, then linear decay to 0, per step (None: constant lr); ``loss_positions = K``: the loss on each
     window's last K positions only (the latest K targets; None: every position) — the output layer scores all items
-    at every trained position, which dominates the cost at a large vocabulary (Amazon Games: 23,715 items)."""
+    at every trained position, which dominates the cost at a large vocabulary (Amazon Games: 23,715 items).
+    ``norm``: where the blocks' LayerNorms sit, ``pre`` (SASRec's) or ``post`` (Vaswani et al.'s, the encoder of
+    Ding et al., Appendix D.2); ``embeddings``: ``tied`` input/output item embeddings (their parameter sharing) or
+    ``untied`` (their "w/o parameter sharing", Appendix D.5; at half the width: ``dim`` halved)
+    (:mod:`clbench.models.seqrec`). Ding et al.'s recipe (Appendix D.3, D.6): dropout 0.2 (MovieLens) / 0.5
+    (Amazon), Adam with weight decay 1e-5 (``weight_decay``, torch Adam's L2 term), 100 epochs with ``warmup: 0.2``."""
 
     dim: int = setting(64, within=AT_LEAST_1)
     depth: int = 2
     heads: int = setting(1, within=AT_LEAST_1)
     mlp_ratio: float = setting(4.0, within=POSITIVE)
     dropout: float = 0.2
+    norm: str = setting("pre", choices=lambda: sorted(BLOCKS))                 # pre-LN or post-LN blocks
+    embeddings: str = setting("tied", choices=lambda: sorted(EMBEDDINGS))      # output layer = input embedding?
     activation: str = setting("relu", choices=lambda: sorted(ACTIVATIONS))   # SASRec's FFN
     attention: str = setting("vanilla", choices=lambda: sorted(ATTENTIONS))
     optimizer: str = setting("adam", choices=OPTIMIZERS.names)
@@ -126,7 +133,7 @@ class SequentialRecommender(StrategyBase):
             raise ValueError(f"seqrec needs a next-item scenario (info.extra['n_items']); {info.name} has none.")
         c = config
         self.model = SeqRec(info.extra["n_items"], info.input_shape[0], c.dim, c.depth, c.heads, c.mlp_ratio,
-                            c.dropout, c.activation, c.attention).to(self.device)
+                            c.dropout, c.activation, c.attention, c.norm, c.embeddings).to(self.device)
         self.seed = int(torch.randint(2**31 - 1, ()))        # drawn from the run's seeded global RNG
         self.steps = 0
 

@@ -30,10 +30,14 @@ def cycles(*, seed: int = 0, n_experiences: int = 1, users: int = 40, length: in
 cycles.kind = NEXT_ITEM
 
 
+NORMS_AND_EMBEDDINGS = [(n, e) for n in ("pre", "post") for e in ("tied", "untied")]
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("attention", ["vanilla", "reattention"])
-def test_outputs_at_t_do_not_depend_on_later_items(attention):
+def test_outputs_at_t_do_not_depend_on_later_items(attention, norm):
     torch.manual_seed(0)
-    model = SeqRec(30, 8, dim=16, attention=attention).eval()
+    model = SeqRec(30, 8, dim=16, attention=attention, norm=norm).eval()
     if attention == "reattention":
         from clbench.privacy.reattention import ErrorPrior
         model.set_error_prior(ErrorPrior(1.0, 16, torch.rand(31)))
@@ -234,29 +238,39 @@ def _windows(seed: int, batch: int = 5, length: int = 6, items: int = 15) -> tup
     return x, y
 
 
-def test_scores_at_target_positions_give_the_every_position_loss_to_the_last_digit(float64):
+@pytest.mark.parametrize("norm,embeddings", NORMS_AND_EMBEDDINGS)
+def test_scores_at_target_positions_give_the_every_position_loss_to_the_last_digit(float64, norm, embeddings):
     """``forward(items, targets=y)`` scores only the positions with a target (packed rows); its loss equals the
-    every-position loss exactly (float64, bitwise), and so do the gradients to rounding."""
+    every-position loss exactly (float64, bitwise, for the default pre-LN tied model), and so do the gradients to
+    rounding; for post-LN blocks and untied embeddings to rounding too (post-LN's last operation, ``LN_2``, runs on the
+    packed rows: the hidden states of the item positions differ from the dense ones in the last bit, as pre-LN's
+    do before its final LayerNorm)."""
     torch.manual_seed(6)
-    model = SeqRec(15, 6, dim=8, heads=2, dropout=0.0)
+    model = SeqRec(15, 6, dim=8, heads=2, dropout=0.0, norm=norm, embeddings=embeddings)
     x, y = _windows(1)
     packed = model(x, targets=y)
     assert isinstance(packed, TargetScores) and packed.scores.shape == (int((y > 0).sum()), 15)
     for reduction in ("mean", "sum", "sample"):
-        assert torch.equal(target_loss(packed, reduction), next_item_loss(model(x), y, reduction))
+        ours, dense = target_loss(packed, reduction), next_item_loss(model(x), y, reduction)
+        if (norm, embeddings) == ("pre", "tied"):
+            assert torch.equal(ours, dense)
+        torch.testing.assert_close(ours, dense, rtol=1e-14, atol=0)
     dense = torch.autograd.grad(next_item_loss(model(x), y), list(model.parameters()))
     rows = torch.autograd.grad(target_loss(model(x, targets=y)), list(model.parameters()))
     for a, b in zip(dense, rows):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-15)
 
 
-def test_per_sample_norms_on_packed_target_rows_equal_vmap_of_the_every_position_loss(float64):
-    """The private side of packing: per-sample norms of the tied model whose output layer runs on the packed target
-    rows (Linear rule within each sample's rows, the tie's cross term on rows) equal torch.func's per-sample
-    gradients of the same loss written over every position; the first-step invariant holds."""
+@pytest.mark.parametrize("norm,embeddings", NORMS_AND_EMBEDDINGS)
+def test_per_sample_norms_on_packed_target_rows_equal_vmap_of_the_every_position_loss(float64, norm, embeddings):
+    """The private side of packing: per-sample norms of the model whose output layer runs on the packed target
+    rows (Linear rule within each sample's rows; tied: the tie's cross term on rows; untied: the output layer's own
+    rows apart from the embedding's lookups) equal torch.func's per-sample gradients of the same loss written over
+    every position, for pre- and post-LN blocks (post-LN: ``LN_2`` on the packed rows); the first-step invariant
+    holds."""
     privacy = pytest.importorskip("clbench.privacy")
     torch.manual_seed(7)
-    model = SeqRec(15, 6, dim=8, dropout=0.0)
+    model = SeqRec(15, 6, dim=8, dropout=0.0, norm=norm, embeddings=embeddings)
     x, y = _windows(2)
 
     class Packed(torch.nn.Module):
@@ -279,12 +293,13 @@ def test_per_sample_norms_on_packed_target_rows_equal_vmap_of_the_every_position
                                rtol=1e-6, atol=0)
 
 
-def test_seqrec_trains_privately_on_packed_rows():
+@pytest.mark.parametrize("norm,embeddings", NORMS_AND_EMBEDDINGS)
+def test_seqrec_trains_privately_on_packed_rows(norm, embeddings):
     """The strategy trains on the packed layout with dp: every step's output layer runs on the target rows only,
-    the first step's invariant passes, and the steps are taken."""
+    the first step's invariant passes, and the steps are taken (pre/post-LN, tied/untied)."""
     privacy = pytest.importorskip("clbench.privacy")
     scenario = cycles(users=24)
-    config = STRATEGIES.get("seqrec").Config(dim=8, epochs=2, batch_size=8)
+    config = STRATEGIES.get("seqrec").Config(dim=8, epochs=2, batch_size=8, norm=norm, embeddings=embeddings)
     strategy = STRATEGIES.get("seqrec")(scenario.info, "cpu", config)
     strategy.callbacks.attach([CallbackSpec("dp", {"epsilon": 8.0, "clip": 1.0})],
                               CallbackContext(run_id="packed", modules=strategy.modules,
@@ -295,3 +310,63 @@ def test_seqrec_trains_privately_on_packed_rows():
     (dp,) = strategy.callbacks.callbacks
     assert isinstance(dp, privacy.PrivateTraining) and dp.call.steps_taken > 0 and not dp.unchecked
     assert outputs and set(outputs) == {TargetScores}           # scores at the target rows, never (B, L, V + 1)
+
+
+def test_post_norm_blocks_compute_vaswanis_encoder_block():
+    """``norm="post"``: ``h ← LN_1(h + Attn(h))``, ``h ← LN_2(h + W_2 relu(W_1 h))`` and no final LayerNorm, written
+    out here from the block's layers; the default pre-LN model is another function of the same parameters."""
+    torch.manual_seed(8)
+    post = SeqRec(15, 6, dim=8, depth=2, dropout=0.0, norm="post").eval()
+    pre = SeqRec(15, 6, dim=8, depth=2, dropout=0.0).eval()
+    assert isinstance(post.norm, torch.nn.Identity) and isinstance(pre.norm, torch.nn.LayerNorm)
+    pre.norm = torch.nn.Identity()
+    pre.load_state_dict(post.state_dict())                                  # the same parameters, pre-LN placement
+    x, _ = _windows(3)
+    pad = x == 0
+    h = post.item_emb(x) + post.pos_emb(torch.arange(6).expand_as(x))
+    for block in post.blocks:
+        out, _ = block.attn(h, pad)
+        h = block.norm1(h + out)
+        h = block.norm2(h + block.fc2(F.relu(block.fc1(h))))
+    torch.testing.assert_close(post.hidden(x), h, rtol=0, atol=0)
+    assert not torch.allclose(pre.hidden(x), h)
+
+
+def test_untied_embeddings_are_two_parameters_of_the_same_shape():
+    """``embeddings="untied"``: the output layer has its own Parameter (row 0, padding, zero), the input embedding
+    gets its gradient from the lookups only, and the model has ``(V + 1)·d`` more parameters than the tied one."""
+    torch.manual_seed(9)
+    tied = SeqRec(20, 5, dim=8, dropout=0.0)
+    untied = SeqRec(20, 5, dim=8, dropout=0.0, embeddings="untied")
+    assert untied.output.weight is not untied.item_emb.weight and untied.output.weight.shape == (21, 8)
+    assert torch.equal(untied.output.weight[0], torch.zeros(8))
+    count = [sum(p.numel() for p in m.parameters()) for m in (tied, untied)]
+    assert count[1] - count[0] == 21 * 8
+    untied.load_state_dict({**tied.state_dict(), "output.weight": tied.item_emb.weight.detach().clone()})
+    items, targets = torch.randint(1, 21, (4, 5)), torch.randint(0, 21, (4, 5))
+    torch.testing.assert_close(untied(items), tied(items))                # same values as tied, two Parameters...
+    next_item_loss(tied(items), targets).backward()
+    next_item_loss(untied(items), targets).backward()
+    torch.testing.assert_close(untied.item_emb.weight.grad + untied.output.weight.grad, tied.item_emb.weight.grad)
+    assert untied.item_emb.weight.grad.abs().sum() > 0 and untied.output.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("field,value", [("norm", "post"), ("embeddings", "untied")])
+def test_norm_and_embeddings_change_what_is_trained_and_the_run_identity(field, value):
+    """Each option changes the trained model's scores (same seed, same data) and the run's identity; an unknown
+    value is refused naming the choices."""
+    from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
+    scenario = cycles(users=16)
+    scores = []
+    for args in ({}, {field: value}):
+        torch.manual_seed(0)
+        config = STRATEGIES.get("seqrec").Config(dim=8, epochs=1, batch_size=8, **args)
+        strategy = STRATEGIES.get("seqrec")(scenario.info, "cpu", config)
+        strategy.train(scenario.train_stream[0])
+        scores.append(strategy.predict(scenario.test_stream[0].dataset.x, None))
+    assert not torch.allclose(scores[0], scores[1])
+    identities = [RunSpec("s", ScenarioEntry("test_seqrec_cycles"), StrategyEntry("seqrec", args=args), 0).identity()
+                  for args in ({}, {field: value})]
+    assert identities[0]["strategy"]["resolved"][field] != identities[1]["strategy"]["resolved"][field]
+    with pytest.raises(ValueError, match=f"{field}: unknown {field} 'sideways'"):
+        STRATEGIES.get("seqrec").Config(**{field: "sideways"})

@@ -2,17 +2,27 @@
 (ICML 2024) for private sequential recommendation.
 
 ``items (B, L)`` (ids ``1..V``, 0 = padding) ->
-``h_0 = E[items] + P[0..L-1]`` (learned positions) -> ``depth`` pre-LN blocks
-``h ← h + Attn(LN(h))``, ``h ← h + W_2 act(W_1 LN(h))`` with causal attention -> ``LN`` ->
-scores ``h · Eᵀ`` ``(B, L, V + 1)``: the output layer is ``output = nn.Linear(d, V+1, bias=False)`` whose ``weight``
-IS the input embedding's Parameter ``item_emb.weight`` (PyTorch's weight-tying idiom: one Parameter, used by an
-``nn.Embedding`` and an ``nn.Linear``; per-sample gradient code finds the tie by parameter identity).
+``h_0 = E[items] + P[0..L-1]`` (learned positions) -> ``depth`` blocks with causal attention (:data:`BLOCKS`):
+
+- ``norm="pre"`` (SASRec's, the default): ``h ← h + Attn(LN_1 h)``, ``h ← h + W_2 act(W_1 LN_2 h)``, then a final
+  ``LN`` after the last block;
+- ``norm="post"`` (Vaswani et al., 2017, the encoder of Ding et al., Appendix D.2): ``h ← LN_1(h + Attn(h))``,
+  ``h ← LN_2(h + W_2 act(W_1 h))``, no final ``LN`` (the last block's output is normalized already);
+
+-> scores ``h · Oᵀ`` ``(B, L, V + 1)`` from the output layer ``output = nn.Linear(d, V+1, bias=False)``:
+
+- ``embeddings="tied"`` (the default; Ding et al.'s parameter sharing): ``O`` IS the input embedding's Parameter
+  ``item_emb.weight = E`` (PyTorch's weight-tying idiom: one Parameter, used by an ``nn.Embedding`` and an
+  ``nn.Linear``; per-sample gradient code finds the tie by parameter identity);
+- ``embeddings="untied"`` (their "w/o parameter sharing", Appendix D.5): ``O`` is a Parameter of its own, initialized
+  like ``E`` (``N(0, 0.02²)``, padding row 0 zero; the padding row's score is never trained nor read). Ding et al.'s
+  third setting, untied at half the embedding dimension, is ``dim = d/2`` with ``embeddings="untied"``.
 
 The position ``t`` output depends only on items ``0..t``. Training objective (:func:`next_item_loss`): softmax
 cross-entropy over all ``V`` items (padding excluded) at every position that has a target. Training computes the
 output layer at those positions only (``forward(items, targets=...)`` -> :class:`TargetScores`, loss
 :func:`target_loss`, the same loss): the ``N`` rows of ``h`` that have a target are gathered and scored against the tied
-matrix's item rows ``E[1:]`` (``F.linear``: no padding column to slice off and back in the backward) with each row's
+matrix's item rows ``O[1:]`` (``F.linear``: no padding column to slice off and back in the backward) with each row's
 sample index (packed rows, :func:`clbench.privacy.packing.rows_of`), so private training clips each sample's
 gradient from its own rows; the blocks' feed-forward halves run on the item tokens only, likewise packed. With
 most positions padding (Amazon Games: 1,616 targets in a batch of 256 windows of 50) the ``N·V`` scores replace
@@ -47,11 +57,15 @@ from clbench.registry import MODELS
 
 
 class Block(nn.Module):
-    """``h ← h + Attn(LN_1 h)``; ``h ← h + W_2 act(W_1 LN_2 h)`` (dropout after attention and each FFN layer).
+    """One transformer block's layers (``LN_1``, causal attention, ``LN_2``, the feed-forward ``W_2 act(W_1 ·)``,
+    dropout after attention and each FFN layer); :class:`PreNormBlock` and :class:`PostNormBlock` place the norms.
 
-    ``packed``: the feed-forward half runs on the rows of the item tokens only (padding left as it is: a padding
-    position is a masked key of every query and its own output is never scored, so the scored outputs are the same),
-    as packed rows with their samples (:func:`clbench.privacy.packing.rows_of`)."""
+    ``forward(h, pad, var, param_var, track, packed)``: ``h (B, L, d)``, ``pad (B, L)``, ``var``: variances of ``h``
+    (None: no error tracking); ``track=False``: ``var`` serves this block's attention scores only and no output
+    variance is returned (last block); ``packed``: the feed-forward half runs on the rows of the item tokens only
+    (when no variance is tracked through it; padding left as it is: a padding position is a masked key of every query
+    and its own output is never scored, so the scored outputs are the same), as packed rows with their samples
+    (:func:`clbench.privacy.packing.rows_of`). Returns ``(h, var)``."""
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float, activation: str,
                  attention: str) -> None:
@@ -63,11 +77,27 @@ class Block(nn.Module):
         self.activation = activation
         self.dropout = nn.Dropout(dropout)
 
+    final_norm: Callable[[int], nn.Module]
+    """The module after the last block: ``nn.LayerNorm(d)`` (pre-LN) or ``nn.Identity`` (post-LN)."""
+
+    def ffn(self, f: Tensor, var: Tensor | None, param_var: float) -> tuple[Tensor, Tensor | None]:
+        """``(W_2 act(W_1 f), its variance given Var f = var)`` (undropped output; variance None without ``var``)."""
+        z = self.fc1(f)
+        y = self.fc2(self.dropout(ACTIVATIONS[self.activation](z)))
+        if var is None:
+            return y, None
+        with torch.no_grad():
+            z_var = activation_var(self.activation, z, linear_var(f, var, self.fc1, param_var))
+            return y, linear_var(ACTIVATIONS[self.activation](z), z_var, self.fc2, param_var)
+
+
+class PreNormBlock(Block):
+    """``h ← h + Attn(LN_1 h)``; ``h ← h + W_2 act(W_1 LN_2 h)`` (SASRec's)."""
+
+    final_norm = nn.LayerNorm
+
     def forward(self, h: Tensor, pad: Tensor, var: Tensor | None, param_var: float,
                 track: bool = True, packed: bool = False) -> tuple[Tensor, Tensor | None]:
-        """``h (B, L, d)``, ``pad (B, L)``, ``var``: variances of ``h`` (None: no error tracking); ``track=False``:
-        ``var`` serves this block's attention scores only and no output variance is returned (last block);
-        ``packed``: the feed-forward half on the item tokens only (when no variance is tracked through it)."""
         a = self.norm1(h)
         a_var = None if var is None else _no_grad(layer_norm_var, h, var, self.norm1, param_var)
         out, out_var = self.attn(a, pad, a_var, param_var, track)
@@ -77,18 +107,55 @@ class Block(nn.Module):
             items = ~pad
             with rows_of(items.nonzero()[:, 0]):
                 rows = h[items]
-                y = self.fc2(self.dropout(ACTIVATIONS[self.activation](self.fc1(self.norm2(rows)))))
+                y, _ = self.ffn(self.norm2(rows), None, param_var)
             return h.index_put((items,), rows + self.dropout(y)), var
-        f = self.norm2(h)
-        z = self.fc1(f)
-        y = self.fc2(self.dropout(ACTIVATIONS[self.activation](z)))
         if var is not None:
-            with torch.no_grad():
-                var = var + out_var
-                f_var = layer_norm_var(h, var, self.norm2, param_var)
-                z_var = activation_var(self.activation, z, linear_var(f, f_var, self.fc1, param_var))
-                var = var + linear_var(ACTIVATIONS[self.activation](z), z_var, self.fc2, param_var)
-        return h + self.dropout(y), var
+            var = var + out_var
+        f = self.norm2(h)
+        y, y_var = self.ffn(f, None if var is None else _no_grad(layer_norm_var, h, var, self.norm2, param_var),
+                            param_var)
+        return h + self.dropout(y), None if var is None else var + y_var
+
+
+class PostNormBlock(Block):
+    """``h ← LN_1(h + Attn(h))``; ``h ← LN_2(h + W_2 act(W_1 h))`` (Vaswani et al.'s encoder block)."""
+
+    final_norm = nn.Identity
+
+    def forward(self, h: Tensor, pad: Tensor, var: Tensor | None, param_var: float,
+                track: bool = True, packed: bool = False) -> tuple[Tensor, Tensor | None]:
+        out, out_var = self.attn(h, pad, var, param_var, track)
+        s = h + self.dropout(out)
+        var = None if var is None or not track else _no_grad(layer_norm_var, s, var + out_var, self.norm1, param_var)
+        h = self.norm1(s)
+        if packed and var is None:
+            items = ~pad
+            with rows_of(items.nonzero()[:, 0]):
+                rows = h[items]
+                y, _ = self.ffn(rows, None, param_var)
+                rows = self.norm2(rows + self.dropout(y))
+            return h.index_put((items,), rows), var
+        y, y_var = self.ffn(h, var, param_var)
+        s = h + self.dropout(y)
+        return self.norm2(s), None if var is None else _no_grad(layer_norm_var, s, var + y_var, self.norm2, param_var)
+
+
+BLOCKS: dict[str, type[Block]] = {"pre": PreNormBlock, "post": PostNormBlock}
+"""Where the block's LayerNorms sit (``norm``): pre-LN (SASRec) or post-LN (Vaswani et al.)."""
+
+
+def _tie(model: SeqRec) -> None:
+    model.output.weight = model.item_emb.weight                      # the tie: one Parameter, two uses
+
+
+def _untie(model: SeqRec) -> None:
+    nn.init.normal_(model.output.weight, std=0.02)
+    with torch.no_grad():
+        model.output.weight[0].zero_()
+
+
+EMBEDDINGS: dict[str, Callable[[SeqRec], None]] = {"tied": _tie, "untied": _untie}
+"""The output layer ``O`` against the input embedding ``E`` (``embeddings``): one Parameter, or two."""
 
 
 def _no_grad(fn, *args):
@@ -101,24 +168,25 @@ class SeqRec(nn.Module):
 
     def __init__(self, n_items: int, max_len: int, dim: int = 64, depth: int = 2, heads: int = 1,
                  mlp_ratio: float = 4.0, dropout: float = 0.2, activation: str = "relu",
-                 attention: str = "vanilla") -> None:
+                 attention: str = "vanilla", norm: str = "pre", embeddings: str = "tied") -> None:
         super().__init__()
-        if attention not in ATTENTIONS or activation not in ACTIVATIONS:
-            raise ValueError(f"attention must be one of {sorted(ATTENTIONS)} and activation one of "
-                             f"{sorted(ACTIVATIONS)}; got {attention!r}, {activation!r}.")
+        for name, value, table in (("attention", attention, ATTENTIONS), ("activation", activation, ACTIVATIONS),
+                                   ("norm", norm, BLOCKS), ("embeddings", embeddings, EMBEDDINGS)):
+            if value not in table:
+                raise ValueError(f"{name} must be one of {sorted(table)}; got {value!r}.")
         self.n_items, self.max_len = n_items, max_len
         self.item_emb = nn.Embedding(n_items + 1, dim, padding_idx=0)
         self.pos_emb = nn.Embedding(max_len, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, dropout, activation, attention)
+        self.blocks = nn.ModuleList(BLOCKS[norm](dim, heads, mlp_ratio, dropout, activation, attention)
                                     for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
+        self.norm = BLOCKS[norm].final_norm(dim)
         self.dropout = nn.Dropout(dropout)
         self.output = nn.Linear(dim, n_items + 1, bias=False)
-        self.output.weight = self.item_emb.weight                      # the tie: one Parameter, two uses
         nn.init.normal_(self.item_emb.weight, std=0.02)
         nn.init.normal_(self.pos_emb.weight, std=0.02)
         with torch.no_grad():
             self.item_emb.weight[0].zero_()
+        EMBEDDINGS[embeddings](self)
         self.error_prior: ErrorPrior | Callable[[], ErrorPrior | None] | None = None
 
     def set_error_prior(self, prior: ErrorPrior | Callable[[], ErrorPrior | None] | None) -> None:
@@ -154,7 +222,7 @@ class SeqRec(nn.Module):
         if targets is not None:
             mask = targets > 0
             with rows_of(mask.nonzero()[:, 0]):                      # each row's sample, for private training
-                scores = F.linear(h[mask], self.output.weight[1:])   # items 1..V (the tied E without padding)
+                scores = F.linear(h[mask], self.output.weight[1:])   # items 1..V (O without its padding row)
             return TargetScores(scores, mask, targets[mask])
         return self.output(h if last is None else h[:, -last:])
 
