@@ -61,6 +61,7 @@ VARIABLES = {"STRATEGIES": "strategy", "SCENARIOS": "scenario", "MODELS": "model
 """The plugin registries by the variable a module registers through (``STRATEGIES.register("x")``) -> their kind;
 :func:`scan` recognizes a registration by this name, also when imported under another one."""
 KINDS = tuple(VARIABLES.values())
+CHOICE_KINDS = frozenset({"model"})  # plugin registries whose names a Config offers as choices (``model``)
 UNSUMMARIZED = frozenset({"strategy"})      # a strategy's summary names its presets: read only from a literal PRESETS
 
 
@@ -260,9 +261,13 @@ def _sha256_of(module: str) -> str | None:
 
 
 def only_shipped() -> bool:
-    """Whether every plugin module known to this process is shipped: no entry point and nothing loaded by
-    ``--plugins``, a suite's ``plugins:`` or ``$CLBENCH_PLUGINS``."""
-    return not _loaded_specs and all(s.origin == "shipped" for s in sources())
+    """Whether the names of clbench's other registries (optimizers, memories, losses...: the choices a Config
+    computes from them) can only be clbench's own: nothing loaded by ``--plugins``, a suite's ``plugins:`` or
+    ``$CLBENCH_PLUGINS``, and no installed plugin distribution with code that may register into them
+    (:attr:`Source.elsewhere`) or into a plugin registry of :data:`CHOICE_KINDS`. A package that registers only
+    strategies, scenarios, callbacks or commands leaves them as shipped."""
+    return not _loaded_specs and not any(s.elsewhere or CHOICE_KINDS & (set(s.declared) | s.dynamic)
+                                         for s in sources() if s.origin != "shipped")
 
 
 # ------------------------------------------------------------------------------------------------------- discovery
@@ -281,6 +286,7 @@ class Source:
     sha256: str = ""                # of its file (installed modules)
     cached: bool = False            # what it declares was read from its cache
     records: dict[str, dict[str, dict]] = field(default_factory=dict)   # {kind: {name: record}} from the index
+    elsewhere: bool = False         # its distribution's code may register into a registry that is not a plugin one
 
     @property
     def imported(self) -> bool:
@@ -384,8 +390,35 @@ def _entry_point_sources(shipped: dict[str, set[str]]) -> list[Source]:
                                                                                    declared, dynamic, shipped)
         found.append(Source(ep.module, path, f"entry point {ep.name!r} of {dist}",
                             known["entries"] if cached else declared, set() if cached else dynamic, cache, sha256,
-                            cached))
+                            cached, elsewhere=path is None or _registers_elsewhere(ep, data)))
     return found
+
+
+def _registers_elsewhere(ep: Any, data: bytes) -> bool:
+    """Whether the entry point's module (``data``) calls ``X.register(...)`` on an ``X`` that is not a plugin
+    registry (:data:`VARIABLES`), or another Python file of its distribution calls ``register(`` at all (read as
+    bytes, not parsed: a helper module may register an optimizer when the plugin imports it)."""
+    try:
+        tree = ast.parse(data)
+    except SyntaxError:
+        return True
+    aliases = set(VARIABLES) | {a.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                                for a in node.names if a.name in VARIABLES and a.asname}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register":
+            receiver = node.func.value
+            if (receiver.id if isinstance(receiver, ast.Name) else
+                    receiver.attr if isinstance(receiver, ast.Attribute) else "") not in aliases:
+                return True
+    own = ep.module.replace(".", "/") + ".py"
+    for file in (ep.dist.files or []) if ep.dist else []:
+        if file.suffix == ".py" and str(file) != own:
+            try:
+                if b"register(" in Path(file.locate()).read_bytes():
+                    return True
+            except OSError:
+                return True
+    return False
 
 
 def _trusted(cache: Path, module: str, known: dict, declared: dict[str, dict[str, str]], dynamic: set[str],
