@@ -4,8 +4,11 @@
 # make lint  : ruff
 # make mutation : mutmut over the core modules, score per module + surviving mutants (docs/testing.md; slow)
 # make lists : after changing a shipped strategy/scenario/model/callback/command module: rewrite the registries'
-#              index (clbench/plugin_index.json, read by `clbench --help`/`list` instead of importing the modules)
-#              and README's generated lists (tests/test_cli.py and tests/test_registry.py compare both)
+#              index (clbench/plugin_index.json, read by `clbench --help`/`list` instead of importing the modules;
+#              tests/test_registry.py compares it)
+# make docs  : build the documentation site into build/site/ (mkdocs --strict: a broken link or a missing page
+#              fails); its reference and results pages are generated from the code and the records (clbench/docsite)
+# make docs-serve : the same site, served at http://127.0.0.1:8000 and rebuilt on every edit
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -17,7 +20,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # torch is pinned to the tested build; pip takes it from the local wheel cache where one exists
 TORCH := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: bench test lint mutation lists venv clean-venv
+.PHONY: bench test lint mutation lists docs docs-serve venv clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,7 +45,12 @@ mutation: $(STAMP)
 
 lists: $(STAMP)
 	$(PY) -c "from clbench.plugins import write_index; write_index()"
-	$(PY) -m clbench list --readme README.md
+
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve
 
 clean-venv:
 	rm -rf $(VENV)

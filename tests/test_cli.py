@@ -53,18 +53,6 @@ def test_unknown_override_exits_2(capsys):
     assert "has no strategy 'nave'. Did you mean 'naive'" in capsys.readouterr().err
 
 
-def test_readme_lists_are_the_generated_shipped_lists():
-    """README's lists are written by `make lists` (`clbench list --readme README.md`) from what ships with clbench:
-    this catches a shipped name or summary that changed without them; strategies of plugins never count."""
-    from clbench.commands.lists import README_MARKERS, list_lines
-
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split(README_MARKERS[0])[1].split(README_MARKERS[1])[0]
-    assert block == "\n".join(list_lines(markdown=True, shipped=True)) + "\n", \
-        "README's lists are out of date: run `make lists`"
-    assert "test_increasing_logits" not in block and "`naive`" in block
-
-
 def test_version_and_program_names():
     assert _python("-m", "clbench", "--version").stdout == f"clbench {clbench.__version__}\n"
     assert _python("-m", "clbench", "--help").stdout.startswith("usage: python -m clbench ")

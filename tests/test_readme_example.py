@@ -1,5 +1,5 @@
-"""The README's examples work as written: the strategy of "Adding a strategy" (the full contract, written from the
-README alone) registers and runs through a suite, and the "Python API" snippet runs."""
+"""The documented examples work as written: the strategy of docs/how-to/add-a-strategy.md (the full contract, written
+from that page alone) registers and runs through a suite, and README's "Python API" snippet runs."""
 
 import re
 from pathlib import Path
@@ -8,10 +8,11 @@ from clbench.executors import LocalExecutor
 from clbench.suite_file import parse_suite
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
+GUIDE = (Path(__file__).parents[1] / "docs" / "how-to" / "add-a-strategy.md").read_text()
 
 
 def test_readme_strategy_example_registers_and_runs(tmp_path):
-    code = re.search(r"```python\n# strategies/my_method.py\n(.*?)```", README, re.S).group(1)
+    code = re.search(r"```python\n# strategies/my_method.py\n(.*?)```", GUIDE, re.S).group(1)
     exec(compile(code, "strategies/my_method.py", "exec"), {"__name__": "my_method"})
     suite = parse_suite({"suite": "readme", "scenarios": [{"name": "synthetic"}],
                          "strategies": [{"name": "my_method", "preset": "cpu", "args": {"hidden": 16},

@@ -44,7 +44,7 @@ def test_plugins_register_the_baselines_and_scenarios():
 
 def test_index_is_current():
     """clbench/plugin_index.json is what importing every shipped plugin module gives (`make lists` writes it); a
-    stale entry only costs start time (its module is then read or imported), but the README lists come from it."""
+    stale entry only costs start time (its module is then read or imported), but `clbench list` reads it."""
     from clbench.plugins import INDEX_FILE, build_index
 
     assert build_index() == json.loads(INDEX_FILE.read_text()), "the registries' index is stale: run `make lists`"

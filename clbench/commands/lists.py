@@ -1,15 +1,12 @@
-"""``clbench list [--markdown] [--shipped] [--check] [--readme README.md]``: every scenario, strategy, model,
+"""``clbench list [--markdown] [--shipped] [--check]``: every scenario, strategy, model,
 callback and shipped suite with its one-line summary, and the plugin modules that failed to load.
 
 Shipped names come from the registries' index (no module is imported for them: ``list`` starts in a fraction of
-a second); ``--check`` imports every plugin module first to find those that fail. ``--readme`` writes the shipped
-lists into README's generated block (``make lists``)."""
+a second); ``--check`` imports every plugin module first to find those that fail."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import yaml
 
@@ -20,13 +17,12 @@ from clbench.suite_file import shipped_suites
 
 LISTED: tuple[tuple[str, Registry], ...] = (("Scenarios", SCENARIOS), ("Strategies", STRATEGIES), ("Models", MODELS),
                                            ("Callbacks", CALLBACKS))
-README_MARKERS = ("<!-- lists:start -->\n", "<!-- lists:end -->")
 
 
 def list_lines(markdown: bool = False, shipped: bool = False) -> list[str]:
     """What ``clbench list`` prints: every name of :data:`LISTED` with its one-line summary (shipped names from the
     registries' index: no module is imported for them; a plugin's marked ``[plugin: MODULE]``), the plugin modules
-    that failed to load, and the shipped suites. ``shipped``: only what ships with clbench (the README's lists)."""
+    that failed to load, and the shipped suites. ``shipped``: only what ships with clbench."""
     fmt = (lambda name, doc: f"- `{name}`: {doc}") if markdown else (lambda name, doc: f"  {name:22s} {doc}")
     lines = []
     for title, registry in LISTED:
@@ -53,19 +49,9 @@ def _describe(registry: Registry, name: str) -> str:
         return f"UNAVAILABLE: {exc}"
 
 
-def write_readme_lists(readme: Path) -> None:
-    """Replace the block between :data:`README_MARKERS` in ``readme`` with the shipped lists (``make lists``)."""
-    text = readme.read_text()
-    head, rest = text.split(README_MARKERS[0])
-    _, tail = rest.split(README_MARKERS[1])
-    readme.write_text(head + README_MARKERS[0] + "\n".join(list_lines(markdown=True, shipped=True)) + "\n"
-                      + README_MARKERS[1] + tail)
-
-
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", action="store_true", help="markdown lists")
     p.add_argument("--shipped", action="store_true", help="only what ships with clbench (no plugins)")
-    p.add_argument("--readme", metavar="PATH", help="write the shipped lists into PATH's lists block (make lists)")
     p.add_argument("--check", action="store_true",
                    help="import every plugin module first (slow; list reads the index): shows those that fail")
 
@@ -73,10 +59,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.check:
         load_plugins()
-    if args.readme:
-        write_readme_lists(Path(args.readme))
-        print(f"wrote the lists of shipped names into {args.readme}", file=sys.stderr)
-        return 0
     print("\n".join(list_lines(args.markdown, args.shipped)))
     return 0
 
