@@ -129,3 +129,13 @@ def test_a_paired_statistic_with_a_flagged_row_is_marked():
     assert text.splitlines()[2].endswith("| not shown (flagged: b not learned) |")
     clean = reference_tables.paired_table(a + a, {"pairs": "a:a"})
     assert reference_tables.FLAGGED not in clean
+
+
+def test_the_subsample_is_50_items_per_class_of_the_step():
+    """200 training items per class, 2 classes a step: 100 items are scored (``PER_CLASS * k``), not the step's 400
+    (the fixed 1,000-item cap alone took all 400); the cap still bounds a step with many classes."""
+    record = api.run("synthetic", "test_increasing_logits", preset="cpu", seed=0,
+                     scenario_args={"train_per_class": 200})
+    assert [e["n"] for e in record.adequacy] == [100, 100, 100]
+    assert all(round(e["train_acc"] * 100, 9).is_integer() for e in record.adequacy)     # a count out of 100
+    assert adequacy.sample_size(2) == 100 and adequacy.sample_size(10) == 500 and adequacy.sample_size(50) == 1000
