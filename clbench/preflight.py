@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -95,6 +96,23 @@ def check_file_size_limit() -> None:
                           f"raise it (ulimit -f unlimited) and run again.")
 
 
+GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
+"""The device files a Linux machine has when torch can see a GPU (NVIDIA, ROCm, WSL): without any of them, ``--device
+cuda`` is refused before torch is imported."""
+
+
+def check_gpu_present(device: str) -> None:
+    """Refuse ``--device cuda[:N]`` on a Linux machine without any of :data:`GPU_DEVICE_FILES` (torch would see no
+    CUDA device), before torch is imported; elsewhere, and with a GPU, ``resolve_device`` decides after the import."""
+    import glob
+
+    if device.split(":")[0] == "cuda" and sys.platform.startswith("linux") and \
+            not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES):
+        files = ", ".join(GPU_DEVICE_FILES)
+        raise ConfigError(f"--device {device} was asked for but this machine has no GPU (no {files}), so torch "
+                          f"sees no CUDA device; use --device cpu or auto.")
+
+
 def preflight(specs: Iterable, out: Path) -> None:
     """Check, once, what each of ``specs`` (RunSpecs) would fail on in each run (module docstring)."""
     specs = list(specs)
@@ -109,4 +127,4 @@ def preflight(specs: Iterable, out: Path) -> None:
             NEEDS[name](args)
 
 
-__all__ = ["NEEDS", "preflight", "wandb_login"]
+__all__ = ["GPU_DEVICE_FILES", "NEEDS", "check_file_size_limit", "check_gpu_present", "preflight", "wandb_login"]

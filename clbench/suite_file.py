@@ -360,6 +360,17 @@ MAX_SUITE_BYTES = 1_000_000     # a suite file is a few KB; a larger one is not 
 MAX_SUITE_NODES = 100_000       # YAML nodes after expanding aliases (nested anchors can expand to billions)
 
 
+def suite_name(suite: str | Path) -> str | None:
+    """The ``suite:`` name of a shipped suite or suite file, read without checking the rest (``clbench run`` checks
+    its output folder before the imports of :func:`load_suite`); None when the file or the name is not right, which
+    :func:`load_suite` then refuses."""
+    try:
+        data = read_yaml(resolve_suite_path(str(suite)))
+        return check_path_name(str(suite), "suite", data["suite"])
+    except (ConfigError, TypeError, KeyError):
+        return None
+
+
 def load_suite(suite: str | Path) -> SuiteSpec:
     """Load a shipped suite by name (``quick``) or a suite file by path, and validate it."""
     path = resolve_suite_path(str(suite))

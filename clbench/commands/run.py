@@ -16,9 +16,10 @@ from pathlib import Path
 from clbench.commands import Command
 from clbench.commands.leaderboard import write_tables
 from clbench.errors import ConfigError
-from clbench.files import locked_folder
+from clbench.files import LOCK_FILE, locked_folder
+from clbench.preflight import check_file_size_limit, check_gpu_present
 from clbench.registry import COMMANDS, STRATEGIES
-from clbench.suite_file import load_suite
+from clbench.suite_file import load_suite, suite_name
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -99,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
     from clbench.fingerprint import check_one_tree
 
     check_one_tree()
+    _check_before_imports(args)
     suite = _with_init(load_suite(args.suite).select(args.scenario, args.strategy, args.seeds), args.init)
     from clbench.environment import resolve_device  # imports torch: after the suite, so a malformed one is quick
 
-    _check_flags(args)
     resolve_device(args.device)
     specs = suite.run_specs(device=args.device, amp=args.amp)        # --amp refused here with dp or on mps
     out = output_folder(args.out, suite.name)
@@ -143,6 +144,29 @@ def _run_suite(args: argparse.Namespace, suite, specs, out: Path) -> int:
           "failed run(s) this time",
           file=sys.stderr)
     return 1 if failed else 0
+
+
+def _check_before_imports(args: argparse.Namespace) -> None:
+    """What the command line alone decides, refused before the suite's modules (and torch) are imported: the
+    flags, ``$CLBENCH_JOBS``, the file size limit, ``--device cuda`` on a machine without a GPU, the output folder
+    (writable, not in use by another suite: its name read from the suite file when ``--out`` is not given) and the
+    ``--init`` file."""
+    _check_flags(args)
+    if args.jobs is None:
+        _jobs_default()
+    check_file_size_limit()
+    check_gpu_present(args.device)
+    name = suite_name(args.suite)
+    if args.out is not None or name is not None:
+        out = output_folder(args.out, name or "")
+        check_output_folder(out)
+        if (out / LOCK_FILE).is_file():     # in use now: taking the lock for a moment refuses it (nothing created)
+            with locked_folder(out, f"the suite {name or args.suite} (run)"):
+                pass
+    if args.init and "{scenario}" not in args.init and not Path(args.init).is_file():
+        raise ConfigError(f"checkpoint file(s) not found: {args.init}, given by --init. Create it with `python "
+                          f"run_bench.py pretrain` (the commands are in docs/petl.md and docs/tangent.md) or pass a "
+                          f"local file.")
 
 
 def _check_flags(args: argparse.Namespace) -> None:

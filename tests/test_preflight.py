@@ -1,0 +1,79 @@
+"""The refusals that the command line alone decides (:func:`clbench.commands.run._check_before_imports` and
+:mod:`clbench.preflight`): each one line and exit code 2, before the suite's modules, torch or Avalanche are imported
+(they came after 9-13 s of imports; benchmarks/refusal_time.py times each kind)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clbench.errors import ConfigError
+from clbench.files import locked_folder
+from clbench.preflight import GPU_DEVICE_FILES, check_gpu_present
+
+ROOT = Path(__file__).parents[1]
+NO_GPU = not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES)
+
+CHILD = """import contextlib, io, json, os, resource, sys
+from clbench.cli import main
+out = []
+for argv, env, fsize in json.loads(sys.argv[1]):
+    os.environ.update(env)
+    if fsize:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    for key in env:
+        del os.environ[key]
+    out.append([code, err.getvalue()])
+heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'avalanche', 'continuum') or
+               m.startswith(('clbench.strategies.', 'clbench.scenarios.', 'clbench.models.')))
+print(json.dumps([out, heavy]))
+"""
+
+
+def _cases(tmp_path: Path) -> dict[str, tuple[list, dict, int, str]]:
+    """name -> (argv, environment, file size limit or 0, the start of the refusal after 'error: ')."""
+    out = ["--suite", "quick", "--out", str(tmp_path / "out"), "--quiet"]
+    cases = {
+        "--jobs 0": ([*out, "--jobs", "0"], {}, 0, "--jobs must be at least 1, got 0."),
+        "$CLBENCH_JOBS 0": (out, {"CLBENCH_JOBS": "0"}, 0, "$CLBENCH_JOBS must be at least 1, got 0"),
+        "--out ''": (["--suite", "quick", "--out", ""], {}, 0, "--out '' names no folder"),
+        "--out not writable": (["--suite", "quick", "--out", "/proc/clbench_out"], {}, 0,
+                               "output folder /proc/clbench_out cannot be written to"),
+        "output folder in use": (["--suite", "quick", "--out", str(tmp_path / "locked")], {}, 0,
+                                 f"output folder {tmp_path / 'locked'} is in use by the test (pid "),
+        "--init missing": ([*out, "--init", str(tmp_path / "no.pt")], {}, 0,
+                           f"checkpoint file(s) not found: {tmp_path / 'no.pt'}, given by --init."),
+        "ulimit -f": (out, {}, 4096, "the file size limit of this shell is 4,096 bytes (ulimit -f)"),
+    }
+    if NO_GPU:
+        cases["--device cuda"] = ([*out, "--device", "cuda"], {}, 0, "--device cuda was asked for but this machine "
+                                                                     "has no GPU")
+    return dict(sorted(cases.items(), key=lambda item: item[1][2]))     # the file size limit last: it stays
+
+
+def test_the_command_line_refusals_come_before_the_imports(tmp_path):
+    cases = _cases(tmp_path)
+    with locked_folder(tmp_path / "locked", "the test"):
+        done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([c[:3] for c in cases.values()])],
+                              capture_output=True, text=True, cwd=tmp_path)
+    results, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, (code, err), (*_, start) in zip(cases, results, cases.values()):
+        assert code == 2 and err.startswith(f"error: {start}") and err.count("\n") == 1, (name, err)
+    assert heavy == [], heavy
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU device file")
+def test_cuda_on_a_machine_without_a_gpu_is_refused_without_torch():
+    with pytest.raises(ConfigError, match="no GPU"):
+        check_gpu_present("cuda:1")
+    check_gpu_present("cpu")
+    check_gpu_present("auto")
