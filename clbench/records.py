@@ -7,6 +7,16 @@ that cannot be read as JSON (cut short, binary), that is not a record (the JSON 
 (the same identity hash, code fingerprint and seed: a copy under another file name) is a :class:`DuplicateRecord`,
 reported and skipped the same way, so that no run counts twice in a mean over seeds.
 
+Every read checks that the record is still what its run wrote (:func:`check`): its ``run_id`` and ``seed`` are
+those of its ``spec``, its ``identity_hash`` is the hash of the identity rebuilt from the spec, the resolved
+hyperparameters (``strategy_config``, which must hold each of the spec's ``args``) and the checkpoints' hashes it
+stores, and every summary of a finished record (``avg_inc_acc``... per metric, ``params_M``..., ``train_s``) is the one
+recomputed from the stored matrices (:mod:`clbench.metrics`), test sizes, parameter counts and step times. A record that
+disagrees is a :class:`CorruptRecord` naming the field (an edited record is never shown as a result; resume runs it
+again). Two shapes of records written before are read as what they are: a spec whose strategy has no ``callbacks``
+(written before callbacks existed: none entered the identity) and a finished record with ``accuracy_matrix`` but no
+``matrices``/``metric_specs`` (written before evaluators named their metrics: classification accuracy).
+
 Paths a record stores (``state_dir``) are relative to its results folder (the folder holding ``runs/``), so that a
 copied or moved results folder is self-contained; records written before that stored absolute paths, which are read
 as they are. A saved state carries an owner file (:data:`OWNER_FILE`: the run id, identity hash, code fingerprint
@@ -19,10 +29,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
+from typing import Any
 
+from clbench import metrics
+from clbench.config import config_hash
 from clbench.files import write_atomic
+from clbench.specs import RunSpec
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 STATUSES = ("finished", "failed")
@@ -53,6 +68,7 @@ def read(path: str | Path) -> dict:
     problem = _problem(data)
     if problem:
         raise CorruptRecord(path, f"not a clbench run record ({problem})")
+    check(path, data)
     return data
 
 
@@ -73,6 +89,121 @@ def _problem(data: object) -> str:
     if data["status"] not in STATUSES:
         return f"status {data['status']!r} is not one of {', '.join(STATUSES)}"
     return ""
+
+
+EDITED = "the record was edited or damaged after its run; restore it or run it again (--force)"
+"""What a refusal of :func:`check` tells to do."""
+
+
+def check(path: str | Path, data: dict) -> None:
+    """Refuse (:class:`CorruptRecord`, naming ``path`` and the field) a record whose run id, seed, identity hash or
+    summaries are not those recomputed from its spec, resolved hyperparameters and stored matrices."""
+    spec = _spec(path, data["spec"])
+    for field, stored, recomputed in (("run_id", data["run_id"], spec.run_id), ("seed", data["seed"], spec.seed)):
+        if stored != recomputed:
+            raise CorruptRecord(path, f"{field} {stored!r} is not its spec's ({recomputed!r}); {EDITED}")
+    resolved = data.get("strategy_config")
+    if not isinstance(resolved, dict):
+        raise CorruptRecord(path, f"strategy_config is missing or not an object; {EDITED}")
+    differs = sorted(k for k, v in spec.strategy.args.items() if k not in resolved or resolved[k] != v)
+    if differs:
+        raise CorruptRecord(path, f"strategy_config.{differs[0]} is not the spec's args.{differs[0]}; {EDITED}")
+    if data.get("identity_hash") != config_hash(identity(data, spec)):
+        raise CorruptRecord(path, f"identity_hash {data.get('identity_hash')!r} is not the hash of its spec, "
+                                  f"strategy_config and checkpoints; {EDITED}")
+    if data["status"] == "finished":
+        for field, stored, recomputed in _summaries(path, data):
+            if not _same(stored, recomputed):
+                raise CorruptRecord(path, f"{field} is {stored!r} but its stored data give {recomputed!r}; {EDITED}")
+
+
+def _spec(path: str | Path, spec: dict) -> RunSpec:
+    try:
+        return RunSpec.from_dict(spec)
+    except (KeyError, TypeError) as exc:
+        raise CorruptRecord(path, f"spec cannot be read as a run's ({type(exc).__name__}: {exc}); {EDITED}") from None
+
+
+def identity(data: dict, spec: RunSpec) -> dict:
+    """The identity :meth:`RunSpec.identity` gives the record's spec with its stored resolved hyperparameters and
+    checkpoint hashes (the files may have changed since: the run read what the record stores). A spec written before
+    callbacks existed has none in its identity."""
+    found = spec.identity(data["strategy_config"])
+    found.pop("checkpoints", None)
+    if data.get("checkpoints"):
+        found["checkpoints"] = data["checkpoints"]
+    if "callbacks" not in data["spec"]["strategy"]:
+        del found["strategy"]["callbacks"]
+    return found
+
+
+def _summaries(path: str | Path, data: dict) -> list[tuple[str, Any, Any]]:
+    """``(field, stored value, recomputed value)`` for every summary a finished record stores."""
+    specs, matrices = _matrices(path, data)
+    stored, sizes = data["metrics"], data.get("test_sizes") or []
+    found = []
+    for spec in specs:
+        readings = [_summarized(path, spec, matrices[spec.name], sizes, offline) for offline in _readings(
+            matrices[spec.name])]
+        for column, value in readings[0].items():
+            value = next((r[column] for r in readings if _same(stored.get(column), r[column])), value)
+            found.append((f"metrics.{column}", stored.get(column), value))
+    counts = data.get("params_per_step") or []
+    derived = {"params_M": lambda: counts[-1]["total"] / 1e6,
+               "trainable_params_M": lambda: counts[-1]["trainable"] / 1e6,
+               "params_added_M": lambda: (counts[-1]["total"] - counts[0]["total"]) / 1e6,
+               "train_s": lambda: math.fsum(data.get("step_train_s") or [])}
+    for column, value in derived.items():
+        if column in stored:
+            try:
+                found.append((f"metrics.{column}", stored[column], value()))
+            except (IndexError, KeyError, TypeError):
+                raise CorruptRecord(path, f"metrics.{column} cannot be recomputed (params_per_step or step_train_s "
+                                          f"missing or malformed); {EDITED}") from None
+    return found
+
+
+def _readings(matrix: Any) -> tuple[bool, ...]:
+    """The ``offline`` values a matrix may have been summarized with: a square one online, a single row offline;
+    a 1 x 1 matrix either way (one experience: nothing tells an offline run from another)."""
+    rows = len(matrix) if isinstance(matrix, list) else 0
+    columns = len(matrix[0]) if rows and isinstance(matrix[0], list) else 0
+    return (False, True) if rows == columns == 1 else (rows != columns,)
+
+
+def _summarized(path: str | Path, spec: metrics.MetricSpec, matrix: Any, sizes: list, offline: bool) -> dict:
+    try:
+        return metrics.summarize_matrix(matrix, sizes, spec, offline=offline)
+    except (TypeError, ValueError) as exc:
+        raise CorruptRecord(path, f"matrices.{spec.name}: {exc}; {EDITED}") from None
+
+
+def _matrices(path: str | Path, data: dict) -> tuple[list[metrics.MetricSpec], dict]:
+    """The record's metric specs and matrices; a record written before evaluators named their metrics holds only
+    ``accuracy_matrix`` (classification accuracy). ``accuracy_matrix`` beside ``matrices`` must be their accuracy."""
+    kept = data.get("metric_specs")
+    if not kept and not data.get("matrices"):
+        return [metrics.ACCURACY], {metrics.ACCURACY.name: data.get("accuracy_matrix") or []}
+    try:
+        specs = [metrics.MetricSpec(**s) for s in kept]
+    except TypeError as exc:
+        raise CorruptRecord(path, f"metric_specs cannot be read ({exc}); {EDITED}") from None
+    matrices = data.get("matrices") if isinstance(data.get("matrices"), dict) else {}
+    missing = [s.name for s in specs if s.name not in matrices]
+    if not specs or missing:
+        raise CorruptRecord(path, f"matrices lack {', '.join(missing) or 'every metric'} of its metric_specs; {EDITED}")
+    if "accuracy_matrix" in data and data["accuracy_matrix"] != matrices.get(metrics.ACCURACY.name, []):
+        raise CorruptRecord(path, f"accuracy_matrix is not its matrices.accuracy; {EDITED}")
+    return specs, matrices
+
+
+def _same(stored: Any, recomputed: Any) -> bool:
+    """Equal, numbers to a relative 1e-9 (what a JSON round trip keeps); ``None`` only to ``None``."""
+    if isinstance(stored, bool) or isinstance(recomputed, bool) or stored is None or recomputed is None:
+        return stored is recomputed
+    if isinstance(stored, (int, float)) and isinstance(recomputed, (int, float)):
+        return math.isclose(stored, recomputed, rel_tol=1e-9, abs_tol=1e-9)
+    return False
 
 
 def load_dir(out_dir: str | Path) -> tuple[list[dict], list[CorruptRecord]]:

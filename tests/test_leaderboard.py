@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from clbench import adequacy, leaderboard
+from tests._records import sealed
 
 
 def _record(strategy, seed, avg, last, status="finished", extra=None, args=None, label="", code="c" * 16):
@@ -58,7 +59,7 @@ def test_markdown_has_suite_and_overrides_and_sorts_by_the_primary_metric(tmp_pa
                _record("replay", 0, 70.0, 60.0, args={"mem_size": 200, "model_args": {"hidden": [8]}}),
                _record("joint", 0, None, 95.0)]                                 # avg undefined: sorted by last
     (tmp_path / "runs").mkdir()
-    for r in records:
+    for r in map(sealed, records):
         (tmp_path / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
     table = leaderboard.write(tmp_path)
     assert list(table["strategy"]) == ["joint", "replay", "naive"]
@@ -196,7 +197,7 @@ def test_missing_runs_folder_message_is_exact(tmp_path):
 def test_a_corrupt_record_is_logged_by_path_and_skipped(tmp_path, caplog):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "a.json").write_text("{cut short")
-    good = _record("naive", 0, 40.0, 20.0)
+    good = sealed(_record("naive", 0, 40.0, 20.0))
     (tmp_path / "runs" / "b.json").write_text(json.dumps(good))
     with caplog.at_level("WARNING", logger="clbench.leaderboard"):
         assert leaderboard.load_records(tmp_path) == [good]

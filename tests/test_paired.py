@@ -4,6 +4,7 @@ import pytest
 
 from clbench.analysis.paired import paired
 from clbench.cli import main
+from tests._records import sealed
 
 
 def _record(strategy, seed, value, scenario="s", status="finished"):
@@ -43,7 +44,7 @@ def test_a_row_without_the_metric_has_no_pairs_and_the_others_keep_theirs():
 def test_paired_command_writes_the_table(tmp_path, capsys):
     import json
     (tmp_path / "runs").mkdir()
-    for r in [_record("A", s, 10.0 + s) for s in range(2)] + [_record("B", s, 9.0) for s in range(2)]:
+    for r in map(sealed, [_record("A", s, 10.0 + s) for s in range(2)] + [_record("B", s, 9.0) for s in range(2)]):
         (tmp_path / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
     assert main(["analyze", "paired", "--run", str(tmp_path), "--pairs", "A:B"]) == 0
     lines = (tmp_path / "paired.csv").read_text().splitlines()

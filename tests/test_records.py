@@ -17,10 +17,11 @@ import pytest
 from clbench import fingerprint
 from clbench import records as record_files
 from clbench.errors import ConfigError
+from tests._records import sealed
 
 
 def _record(run_id: str = "r", seed: int = 0, **extra) -> dict:
-    return {"run_id": run_id, "status": "finished", "seed": seed, "metrics": {},
+    return {"run_id": run_id, "status": "finished", "seed": seed, "metrics": {"last_acc": 50.0},
             "spec": {"suite": "s", "scenario": {"name": "sc"}, "strategy": {"name": "st"}}, **extra}
 
 
@@ -40,16 +41,18 @@ def test_of_two_copies_the_file_named_after_the_run_is_kept_and_the_other_report
     sorted by file name. Catches the wrong copy kept and a changed or lost report."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    run = _record("r", seed=2, identity_hash="h", code_fingerprint="c")
-    other = _record("a", seed=2, identity_hash="h2", code_fingerprint="c")
-    for name, record in (("b.json", run), ("r.json", run), ("q.json", other)):
+    run = sealed(_record(seed=2, code_fingerprint="c"))
+    other = sealed(_record(seed=2, code_fingerprint="c", spec={"suite": "s", "scenario": {"name": "sc"},
+                                                              "strategy": {"name": "st", "args": {"lr": 0.1}}}))
+    assert run["run_id"] == other["run_id"] == "sc__st__s2"
+    for name, record in (("b.json", run), ("sc__st__s2.json", run), ("q.json", other)):
         (runs / name).write_text(json.dumps(record))
     records, problems = record_files.load_dir(tmp_path)
     assert records == [other, run]
     (problem,) = problems
     assert type(problem) is record_files.DuplicateRecord and problem.path == runs / "b.json"
-    assert str(problem) == (f"{runs / 'b.json'}: a copy of the run in {runs / 'r.json'} (same identity, code and "
-                            f"seed 2); counted once")
+    assert str(problem) == (f"{runs / 'b.json'}: a copy of the run in {runs / 'sc__st__s2.json'} (same identity, "
+                            f"code and seed 2); counted once")
 
 
 # ---------------------------------------------------------------------------------------------------- saved state
@@ -175,3 +178,122 @@ def test_a_pinned_fingerprint_is_answered_as_pinned(monkeypatch):
     fingerprint.pin([("fp_strategy", "fp_scenario", "f" * 16), ("fp_other", "fp_scenario", "e" * 16)])
     assert fingerprint.code_fingerprint("fp_strategy", "fp_scenario") == "f" * 16
     assert fingerprint.code_fingerprint("fp_other", "fp_scenario") == "e" * 16
+
+
+# ------------------------------------------------------------------------------------------- records checked on read
+REFERENCE = Path(__file__).parents[1] / "results" / "reference" / "quick" / "runs" / "split_digits__agem__s0.json"
+EDITED = "the record was edited or damaged after its run; restore it or run it again (--force)"
+
+
+def _refusal(tmp_path: Path, record: dict) -> str:
+    """What :func:`clbench.records.read` says of ``record`` written to ``runs/x.json``, after the path."""
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(record))
+    with pytest.raises(record_files.CorruptRecord) as info:
+        record_files.read(path)
+    assert str(info.value).startswith(f"{path}: ")
+    return str(info.value).removeprefix(f"{path}: ")
+
+
+def test_a_committed_record_reads_back_as_it_is():
+    """A reference record (quick suite, agem seed 0) passes every check unchanged."""
+    assert record_files.read(REFERENCE) == json.loads(REFERENCE.read_text())
+
+
+def test_an_edited_summary_is_refused_naming_the_field(tmp_path):
+    """avg_inc_acc 99.99 under an untouched matrix; params_M, trainable_params_M, params_added_M and train_s that
+    their stored counts and step times do not give: each refused in one line with the stored and recomputed value."""
+    record = json.loads(REFERENCE.read_text())
+    avg = record["metrics"]["avg_inc_acc"]
+    assert _refusal(tmp_path, {**record, "metrics": {**record["metrics"], "avg_inc_acc": 99.99}}) == (
+        f"metrics.avg_inc_acc is 99.99 but its stored data give {avg!r}; {EDITED}")
+    for column, value in (("params_M", 0.085002), ("trainable_params_M", 0.085002), ("params_added_M", 0.002056),
+                          ("train_s", record["metrics"]["train_s"])):
+        assert record["metrics"][column] == value
+        edited = {**record, "metrics": {**record["metrics"], column: value + 0.001}}
+        assert _refusal(tmp_path, edited) == (f"metrics.{column} is {value + 0.001!r} but its stored data give "
+                                              f"{value!r}; {EDITED}")
+    missing = {**record, "metrics": {k: v for k, v in record["metrics"].items() if k != "bwt"}}
+    bwt = record["metrics"]["bwt"]
+    assert _refusal(tmp_path, missing) == f"metrics.bwt is None but its stored data give {bwt!r}; {EDITED}"
+
+
+def test_an_edited_matrix_or_test_size_is_refused(tmp_path):
+    """A matrix entry changed (the summaries no longer follow), a test size changed, ``accuracy_matrix`` apart from
+    ``matrices.accuracy``, a matrix that is not one, and params_per_step cut: each refused."""
+    record = json.loads(REFERENCE.read_text())
+    R = [row[:] for row in record["matrices"]["accuracy"]]
+    R[0][0] = 0.5
+    edited = {**record, "matrices": {"accuracy": R}, "accuracy_matrix": R}
+    assert _refusal(tmp_path, edited).startswith("metrics.avg_inc_acc is 55.59592447045445 but its stored data give ")
+    assert _refusal(tmp_path, {**record, "test_sizes": [1, 108, 109, 108, 106]}).startswith("metrics.avg_inc_acc is ")
+    assert _refusal(tmp_path, {**record, "accuracy_matrix": R}) == (
+        f"accuracy_matrix is not its matrices.accuracy; {EDITED}")
+    assert _refusal(tmp_path, {**record, "matrices": {"accuracy": [[2.0]]}, "accuracy_matrix": [[2.0]]}) == (
+        f"matrices.accuracy: accuracy matrix entries must be fractions in [0, 1].; {EDITED}")
+    assert _refusal(tmp_path, {**record, "matrices": {}}) == f"matrices lack accuracy of its metric_specs; {EDITED}"
+    assert _refusal(tmp_path, {**record, "metric_specs": [{"nom": "x"}]}).startswith("metric_specs cannot be read (")
+    assert _refusal(tmp_path, {**record, "params_per_step": []}) == (
+        f"metrics.params_M cannot be recomputed (params_per_step or step_train_s missing or malformed); {EDITED}")
+
+
+def test_an_edited_spec_identity_run_id_or_seed_is_refused(tmp_path):
+    """The spec's epochs changed under the old identity, the resolved value changed, an argument the resolved
+    hyperparameters do not hold, another identity hash, a run id or seed that is not the spec's, a spec that is
+    not a run's: each refused naming the field."""
+    record = json.loads(REFERENCE.read_text())
+    spec = record["spec"]
+    args = {**spec["strategy"]["args"], "epochs": 5}
+    edited = {**record, "spec": {**spec, "strategy": {**spec["strategy"], "args": args}},
+              "strategy_config": {**record["strategy_config"], "epochs": 5}}
+    identity = (f"identity_hash {record['identity_hash']!r} is not the hash of its spec, strategy_config and "
+                f"checkpoints; {EDITED}")
+    assert _refusal(tmp_path, edited) == identity
+    assert _refusal(tmp_path, {**record, "strategy_config": {**record["strategy_config"], "epochs": 5}}) == identity
+    assert _refusal(tmp_path, {**record, "checkpoints": {"init": "0" * 16}}) == identity
+    assert _refusal(tmp_path, {**edited, "strategy_config": record["strategy_config"]}) == (
+        f"strategy_config.epochs is not the spec's args.epochs; {EDITED}")
+    assert _refusal(tmp_path, {**record, "strategy_config": None}) == (
+        f"strategy_config is missing or not an object; {EDITED}")
+    assert _refusal(tmp_path, {**record, "identity_hash": "0" * 12}) == identity.replace(
+        repr(record["identity_hash"]), repr("0" * 12))
+    assert _refusal(tmp_path, {**record, "run_id": "split_digits__naive__s0"}) == (
+        f"run_id 'split_digits__naive__s0' is not its spec's ('split_digits__agem__s0'); {EDITED}")
+    assert _refusal(tmp_path, {**record, "seed": 1}) == f"seed 1 is not its spec's (0); {EDITED}"
+    assert _refusal(tmp_path, {**record, "spec": {k: v for k, v in spec.items() if k != "seed"}}) == (
+        f"spec cannot be read as a run's (KeyError: 'seed'); {EDITED}")
+
+
+def test_records_of_older_shapes_are_checked_as_what_they_are(tmp_path):
+    """A committed record written before callbacks and metric specs existed (no ``callbacks`` in its spec, only
+    ``accuracy_matrix``) reads back; with ``callbacks: []`` added it is another identity, and its matrix edited
+    gives other summaries: both refused. A failed record's summaries are not checked (it has none)."""
+    path = REFERENCE.parents[2] / "dytox" / "runs" / "split_mnist__der_dark__s0.json"
+    old = json.loads(path.read_text())
+    assert "callbacks" not in old["spec"]["strategy"] and "matrices" not in old
+    assert record_files.read(path) == old
+    spec = {**old["spec"], "strategy": {**old["spec"]["strategy"], "callbacks": []}}
+    assert _refusal(tmp_path, {**old, "spec": spec}).startswith("identity_hash ")
+    R = [row[:] for row in old["accuracy_matrix"]]
+    R[-1][-1] = 0.0
+    assert _refusal(tmp_path, {**old, "accuracy_matrix": R}).startswith("metrics.avg_inc_acc is ")
+    failed = json.loads(REFERENCE.read_text()) | {"status": "failed", "metrics": {"traceback": "..."}}
+    (tmp_path / "failed.json").write_text(json.dumps(failed))
+    assert record_files.read(tmp_path / "failed.json") == failed
+
+
+def test_a_one_by_one_matrix_reads_as_an_offline_run_or_a_single_step():
+    """One experience: avg_inc_acc None (offline) or equal to last_acc (online) both read back; another value is
+    refused."""
+    base = {"run_id": "sc__st__s0", "status": "finished", "seed": 0,
+            "spec": {"suite": "s", "scenario": {"name": "sc"}, "strategy": {"name": "st"}},
+            "metrics": {"avg_inc_acc": None, "last_acc": 50.0}, "accuracy_matrix": [[0.5]], "test_sizes": [4]}
+    online = sealed(base)
+    assert online["metrics"]["avg_inc_acc"] == 50.0
+    offline = {**online, "metrics": {**online["metrics"], "avg_inc_acc": None}}
+    wrong = {**offline, "metrics": {**offline["metrics"], "avg_inc_acc": 40.0}}
+    for record in (offline, online):
+        record_files.check("p", record)
+    with pytest.raises(record_files.CorruptRecord, match=r"^p: metrics.avg_inc_acc is 40.0 but its stored data "
+                                                         r"give 50.0; "):
+        record_files.check("p", wrong)

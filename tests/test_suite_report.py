@@ -17,6 +17,7 @@ import tests._fakes  # noqa: F401  (registers test_increasing_logits)
 from clbench import leaderboard, suite_report
 from clbench.cli import main
 from clbench.metrics import ACCURACY
+from tests._records import sealed
 
 ENV = {"machine": "cpu: 2 cores (test)", "device": "cpu", "python": "3.11.7", "git_commit": "abcdef1234567890",
        "packages": {"torch": "2.14.1"}, "cpu_model": "Test CPU", "cpu_capability": "AVX2"}
@@ -276,7 +277,7 @@ def test_write_reads_the_folder_and_draws_the_plots_it_links(tmp_path):
     ``report.md`` there and returns its path; every image it links exists. Catches defaults that are ignored
     (records or plots) and links to files that were not written."""
     (tmp_path / "runs").mkdir()
-    record = _record("a", 0, 80.0, 60.0, 30.0)
+    record = sealed(_record("a", 0, 80.0, 60.0, 30.0))
     (tmp_path / "runs" / "sc__a__s0.json").write_text(json.dumps(record))
     path = suite_report.write(tmp_path)
     assert path == tmp_path / "report.md"
