@@ -193,10 +193,12 @@ SCENARIO_SIZES: dict[str, str] = {
 """The sizes a scenario factory may declare without loading its data (its ``sizes(**args)`` attribute returns
 ``{size: count}``), in words for the refusal."""
 
-SIZE_BOUNDS: dict[str, str] = {"mem_size": "train_samples", "n_shards": "experience_samples"}
+SIZE_BOUNDS: dict[str, str] = {"mem_size": "train_samples", "n_shards": "experience_samples",
+                               "batch_size": "train_samples"}
 """Generic names bounded by a scenario size: a rehearsal memory larger than the stream keeps every sample (the same
-run as a memory of the stream's size, under another number), and ``n_shards`` disjoint non-empty shards of each
-experience need that many samples in each."""
+run as a memory of the stream's size, under another number), ``n_shards`` disjoint non-empty shards of each
+experience need that many samples in each, and a batch larger than the stream is the whole stream (``batch_size:
+10**12`` ran as one batch a step under its own identity)."""
 
 
 METADATA_KEY = "clbench"

@@ -305,6 +305,11 @@ VALUES = {      # a wrong value that only the strategy's Config or the scenario'
         "strategies[0] (replay): args.mem_size 100,000 is more than the 1,257 training samples in the whole stream "
         "of scenarios[0] (split_digits); set mem_size to at most 1,257 (every strategy of a suite runs on every "
         "scenario: put the entries in separate suites to use other values)."),
+    "batch_size above the stream": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: {batch_size: 1000000000000}}\n",
+        "strategies[0] (replay): args.batch_size 1,000,000,000,000 is more than the 1,257 training samples in the "
+        "whole stream of scenarios[0] (split_digits); set batch_size to at most 1,257 (every strategy of a suite runs "
+        "on every scenario: put the entries in separate suites to use other values)."),
     "unknown optimizer": (
         "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: {optimizer: sgdd}}\n",
         "strategies[0] (replay): args.optimizer: unknown optimizer 'sgdd'. Did you mean 'sgd'? Choose one of: adam, "
