@@ -13,9 +13,10 @@ scale ``h * gamma``) or ``Y = cat([..., Q, X, ...], d)`` with ``d > 0`` — the 
     ∇P_i = f*(c_i)                           (f's adjoint, torch.func.vjp; the identity when Q is P)
 
 summed over the places ``P`` is used. ``Q = P.expand(B, ...)`` (a class token per sample) is followed back to ``P``.
-Any other use of ``P`` — a product, a nonlinearity, two parameters combined before meeting the activations — is
-refused with one line naming the module, the parameter and the operation: such a module needs a rule of its own
-(:func:`clbench.privacy.rules.register_rule`).
+Any other use of ``P`` — a product, a nonlinearity, two parameters combined before meeting the activations — ends
+the following of that call (:attr:`Follow.refusal`, one line naming the module, the parameter and the operation);
+the call is then replayed per sample by the exact fallback (:mod:`clbench.privacy.fallback`, which installs the
+follower).
 """
 
 from __future__ import annotations
@@ -33,10 +34,8 @@ from clbench.privacy.rules import (
     DirectParts,
     LinearParts,
     Recorder,
-    Rule,
     UnsupportedLayerError,
     own,
-    parts_rule,
 )
 
 Recipe = Callable[[Tensor], Tensor]
@@ -88,7 +87,7 @@ def _items(args: tuple, kwargs: dict) -> list[Any]:
     return flat
 
 
-class _Follow(TorchFunctionMode):
+class Follow(TorchFunctionMode):
     """Follows the owner's parameters through one forward (see the module docstring)."""
 
     def __init__(self, owner: nn.Module, record: Recorder) -> None:
@@ -201,34 +200,6 @@ def _requires_grad(out: Any) -> bool:
     return any(isinstance(t, Tensor) and t.requires_grad for t in outs)
 
 
-class _Exit:
-    def __init__(self, handles: list) -> None:
-        self.handles = handles
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
-def _install(module: nn.Module, record: Recorder, rule: Rule) -> list:
-    active: list[_Follow] = []
-
-    def enter(m: nn.Module, args: tuple) -> None:
-        if torch.is_grad_enabled():
-            mode = _Follow(m, record)
-            mode.__enter__()
-            active.append(mode)
-
-    def leave(m: nn.Module, args: tuple, output: Any) -> None:
-        if active:
-            mode = active.pop()
-            mode.__exit__(None, None, None)
-            if mode.refusal is not None:
-                raise mode.refusal
-
-    return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
-
-
 def pullback(recipe: Recipe | None, p: Tensor, c: Tensor) -> Tensor:
     """``f*(c_i)`` for every sample: ``(B, *Q.shape) -> (B, *P.shape)``."""
     if recipe is None:
@@ -245,7 +216,8 @@ def at_positions(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     return (g.sum(dims, keepdim=True) if dims else g).reshape(len(g), *shape)
 
 
-def _operands(module: nn.Module, calls: list[Call]) -> tuple[LinearParts, DirectParts]:
+def operands(module: nn.Module, calls: list[Call]) -> tuple[LinearParts, DirectParts]:
+    """``({}, {name: ∇P_i (B, *P.shape)})`` from the recorded uses (summed over them)."""
     params = own(module)
     grads: DirectParts = {}
     for c in calls:
@@ -259,7 +231,5 @@ def _operands(module: nn.Module, calls: list[Call]) -> tuple[LinearParts, Direct
     return {}, grads
 
 
-BARE_PARAMETERS = parts_rule(lambda *args: None, _operands, hook=_install)
-"""The rule of a module type without one of its own (:class:`~clbench.privacy.tape.Tape` falls back to it)."""
-
-__all__ = ["ADD_OPS", "BARE_PARAMETERS", "EXPAND_OPS", "MUL_OPS", "SHAPE_OPS", "at_positions", "compose", "pullback"]
+__all__ = ["ADD_OPS", "EXPAND_OPS", "MUL_OPS", "SHAPE_OPS", "Follow", "at_positions", "compose", "operands",
+           "pullback"]

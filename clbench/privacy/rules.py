@@ -23,12 +23,14 @@ several times in one forward (weight sharing) contributes ``Σ_calls G_cᵀ A_c`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 from torch.utils.hooks import RemovableHandle
 
 from clbench.privacy.packing import ROWS
@@ -37,6 +39,10 @@ if TYPE_CHECKING:
     from timm.models.vision_transformer import VisionTransformer
 
 GRAM_CHUNK = 64          # samples per chunk when per-sample layer gradients are formed (the non-Gram branch)
+
+REPLAYING: ContextVar[bool] = ContextVar("clbench_privacy_replaying", default=False)
+"""True while :mod:`clbench.privacy.fallback` re-runs a module's forward per sample: the tape's hooks record
+nothing then (the replay is not the model's forward)."""
 
 
 class UnsupportedLayerError(TypeError):
@@ -72,6 +78,8 @@ class Recorder:
         self.store, self.where, self.sample_second, self.follow = store, where, sample_second, follow
 
     def __call__(self, call: Call) -> None:
+        if REPLAYING.get():
+            return
         sample_second = self.sample_second
         call.index = ROWS.get()
         if call.index is not None and sample_second:
@@ -265,9 +273,10 @@ def weighted_sum(v: Tensor, w: Tensor) -> Tensor:
 
 def own(module: nn.Module) -> dict[str, nn.Parameter]:
     """The trained parameters its rule answers for: the module's own (not its children's), or, for a type whose rule
-    covers its ``subtree``, every one under it."""
+    covers its ``subtree`` and for a parametrized module (``weight_norm``, ...; its originals live in children),
+    every one under it."""
     rule = RULES.get(type(module))
-    recurse = rule is not None and rule.subtree
+    recurse = (rule is not None and rule.subtree) or parametrize.is_parametrized(module)
     return {n: p for n, p in module.named_parameters(recurse=recurse) if p.requires_grad}
 
 
@@ -371,40 +380,73 @@ LINEAR = register_rule(nn.Linear)(affine_rule())
 """``nn.Linear``: ``y = W a + b`` (a tangent linear layer registers it too, :mod:`clbench.tangent.rules`)."""
 
 
+def _patches(module: nn.Module, x: Tensor) -> Tensor:
+    """``im2col`` patches of a Conv1d/Conv2d input ``x: (B, C, *S)`` -> ``(B, L, C·Πk)`` over the ``L`` output
+    positions (the module's padding, of any mode, applied first; a Conv1d as a Conv2d of height 1)."""
+    pad = module._reversed_padding_repeated_twice
+    if any(pad):
+        x = F.pad(x, pad, mode="constant" if module.padding_mode == "zeros" else module.padding_mode)
+    if isinstance(module, nn.Conv1d):
+        x, kernel, dilation, stride = x.unsqueeze(2), (1, *module.kernel_size), (1, *module.dilation), \
+            (1, *module.stride)
+    else:
+        kernel, dilation, stride = module.kernel_size, module.dilation, module.stride
+    return F.unfold(x, kernel, dilation, 0, stride).transpose(1, 2)
+
+
 def _conv_operands(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
-    """``im2col`` patches ``A: (B, L, C·k_h·k_w)`` and ``G: (B, L, p)`` over the ``L`` output positions."""
-    a = join([F.unfold(c.saved[0], module.kernel_size, module.dilation, module.padding, module.stride)
-              .transpose(1, 2) for c in calls])
+    """Patches ``A: (B·g, L, C/g·Πk)`` and output gradients ``G: (B·g, L, p/g)`` per sample and channel group
+    ``g`` (group ``j`` of sample ``i`` at row ``i·g + j``)."""
+    a = join([_patches(module, c.saved[0]) for c in calls])
     g = join([c.grad.flatten(2).transpose(1, 2) for c in calls])
-    return a, g
+    groups, (b, n) = module.groups, g.shape[:2]
+    return (a.view(b, n, groups, -1).transpose(1, 2).reshape(b * groups, n, -1),
+            g.view(b, n, groups, -1).transpose(1, 2).reshape(b * groups, n, -1))
 
 
-def _conv_capture(module: nn.Conv2d, args: tuple, output: Tensor) -> Call | None:
-    if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
-        raise UnsupportedLayerError(f"Conv2d {module}: per-sample norms support groups=1 and zero padding given "
-                                    f"as numbers (e.g. a ViT patch embedding).")
-    return _affine_capture(module, args, output)
+def _conv_sq_norms(module: nn.Module, ops: tuple[Tensor, Tensor]) -> Tensor:
+    a, g = ops
+    params, groups = own(module), module.groups
+    total = matmul_sq_norms(a, g).view(-1, groups).sum(1) if "weight" in params else g.new_zeros(len(g) // groups)
+    return total + sq(summed(g).view(-1, groups * g.shape[-1])) if "bias" in params else total
 
 
-register_rule(nn.Conv2d)(affine_rule(_conv_operands, _conv_capture))
-"""``nn.Conv2d`` (a ViT's patch embedding, or any groups=1 convolution) as a linear layer on its unfolded patches:
-``A_i = unfold(x_i)ᵀ: (L, C·k²)``, ``G_i: (L, p)`` over the ``L`` output positions."""
+def _conv_weighted(module: nn.Module, ops: tuple[Tensor, Tensor], w: Tensor) -> dict[str, Tensor]:
+    a, g = ops
+    params, groups = own(module), module.groups
+    out = {}
+    if "weight" in params:
+        n, d = a.shape[1:]
+        blocks = torch.einsum("bglp,bgld->gpd", (g * w.repeat_interleave(groups)[:, None, None]).view(
+            -1, groups, n, g.shape[-1]), a.view(-1, groups, n, d))
+        out["weight"] = blocks.reshape(params["weight"].shape)
+    if "bias" in params:
+        out["bias"] = weighted_sum(summed(g).view(-1, groups * g.shape[-1]), w)
+    return out
+
+
+CONV = register_rule(nn.Conv1d, nn.Conv2d)(Rule(_affine_capture, _conv_operands, _conv_sq_norms, _conv_weighted))
+"""``nn.Conv1d`` / ``nn.Conv2d`` (any padding mode, stride, dilation and groups) as a linear layer on the unfolded
+patches of each channel group ``j``: ``A_{i,j} = unfold(x_i)_jᵀ: (L, C/g·Πk)``, ``G_{i,j}: (L, p/g)`` over the ``L``
+output positions, ``∇W_{i,j} = G_{i,j}ᵀ A_{i,j}`` (the rows of group ``j``), ``∇b_i = Σ_l G_{i,l}``."""
 
 
 # ----------------------------------------------------------------------------------------- per-feature affine maps
-def scale_rule(features: Callable[[nn.Module, Tensor], Tensor], weight: str = "weight") -> Rule:
-    """A rule for ``y = γ ⊙ x̃ + β`` per feature, ``x̃ = features(module, saved input)``::
+def scale_rule(features: Callable[[nn.Module, Tensor], Tensor], weight: str = "weight",
+               channels_first: bool = False) -> Rule:
+    """A rule for ``y = γ ⊙ x̃ + β`` per feature, ``x̃ = features(module, saved input)`` (features last)::
 
         ∇γ_i = Σ_t x̃_{i,t} ⊙ G_{i,t}          ∇β_i = Σ_t G_{i,t}
 
-    (on packed rows: the sums over sample ``i``'s rows)."""
+    (on packed rows: the sums over sample ``i``'s rows). ``channels_first``: the module's output holds the features
+    at dimension 1 (``(B, C, *S)``, GroupNorm), moved last for the sums."""
     def grads(module: nn.Module, calls: list[Call]) -> dict[str, Tensor]:
         params = own(module)
         if any(c.index is not None for c in calls):
             r = rows([(features(module, c.saved[0]), c.grad, c.index) for c in calls], calls[0].batch)
             per_sample = {weight: Rows(r.a, r.a * r.g, r.index, r.batch), "bias": r}
             return {n: v.summed() for n, v in per_sample.items() if n in params}
-        g = join([as_sequence(c.grad) for c in calls])
+        g = join([as_sequence(c.grad.movedim(1, -1) if channels_first else c.grad) for c in calls])
         out = {}
         if weight in params:
             x = join([as_sequence(features(module, c.saved[0])) for c in calls])
@@ -414,7 +456,7 @@ def scale_rule(features: Callable[[nn.Module, Tensor], Tensor], weight: str = "w
         return out
 
     rule = vector_rule(_affine_capture, grads)
-    rule.packed = True
+    rule.packed = not channels_first
     return rule
 
 
@@ -424,11 +466,25 @@ def normalized(module: nn.Module, x: Tensor) -> Tensor:
     return F.layer_norm(x, shape, None, None, module.eps).flatten(x.dim() - len(shape))
 
 
+def rms_normalized(module: nn.RMSNorm, x: Tensor) -> Tensor:
+    """``x̂ = x / √(mean(x²) + ε)`` over the normalized (last) dimensions, flattened to one feature axis."""
+    shape = tuple(module.normalized_shape)
+    return F.rms_norm(x, shape, None, module.eps).flatten(x.dim() - len(shape))
+
+
+def group_normalized(module: nn.GroupNorm, x: Tensor) -> Tensor:
+    """``x̂ = (x − μ_g)/σ_g`` per sample and channel group, channels moved last: ``(B, C, *S) -> (B, *S, C)``."""
+    return F.group_norm(x, module.num_groups, None, None, module.eps).movedim(1, -1)
+
+
 LAYER_NORM = register_rule(nn.LayerNorm)(scale_rule(normalized))
+RMS_NORM = register_rule(nn.RMSNorm)(scale_rule(rms_normalized))
+GROUP_NORM = register_rule(nn.GroupNorm)(scale_rule(group_normalized, channels_first=True))
 LAYER_SCALE = scale_rule(lambda module, x: x, weight="gamma")
 """LayerNorm ``y = γ ⊙ x̂ + β`` (torch's; timm's, which computes the same, and timm's LayerScale ``y = γ ⊙ x`` are
 registered by :mod:`clbench.models.vit`, the owner of the timm models: importing timm takes seconds that a model
-without it, such as the sequence model, does not pay)."""
+without it, such as the sequence model, does not pay); RMSNorm ``y = γ ⊙ x/rms(x)``; GroupNorm ``y = γ_c x̂ + β_c``
+with ``x̂`` normalized per sample and channel group (channels at dimension 1)."""
 
 
 # ---------------------------------------------------------------------------------------------------- Embedding
@@ -507,8 +563,9 @@ position): ``∇cls_i = G_{i,0}``, ``∇pos_i = G_i``, with ``G`` the gradient o
 (registered by :mod:`clbench.models.vit`)."""
 
 
-__all__ = ["LAYER_NORM", "LAYER_SCALE", "LINEAR", "RULES", "SEQUENCE_FIRST", "VIT_TOKENS", "Call", "DirectParts",
-           "LinearParts", "Recorder", "Rows", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule",
-           "embedding_ids_grads", "embedding_sq_norms", "embedding_weighted", "matmul_sq_norms", "matmul_weighted",
-           "normalized", "parts_rule", "parts_sq_norms", "parts_weighted", "register_rule", "rows", "rows_sq_norms",
-           "rows_weighted", "scale_rule", "stack_rows", "trained_parts", "vector_rule"]
+__all__ = ["CONV", "GROUP_NORM", "LAYER_NORM", "LAYER_SCALE", "LINEAR", "REPLAYING", "RMS_NORM", "RULES",
+           "SEQUENCE_FIRST", "VIT_TOKENS", "Call", "DirectParts", "LinearParts", "Recorder", "Rows", "Rule",
+           "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads", "embedding_sq_norms",
+           "embedding_weighted", "group_normalized", "matmul_sq_norms", "matmul_weighted", "normalized",
+           "parts_rule", "parts_sq_norms", "parts_weighted", "register_rule", "rms_normalized", "rows",
+           "rows_sq_norms", "rows_weighted", "scale_rule", "stack_rows", "trained_parts", "vector_rule"]

@@ -246,14 +246,17 @@ class PrivateTraining(Callback):
         self.privatize([p for p in model.parameters() if p.requires_grad and p.grad is not None])
 
     def check(self, params: list[nn.Parameter]) -> None:
-        """The first-step invariant: the rules' batch sum ``Σ_i ∇θ_i`` (of the backpropagated batch-mean loss:
+        """The first-step checks. Sample independence: no sample's output depends on the other samples of the batch
+        (:mod:`clbench.privacy.independence`; a batch of one cannot tell, and the checks then run again at the next
+        step). The invariant: the rules' batch sum ``Σ_i ∇θ_i`` (of the backpropagated batch-mean loss:
         ``∇θ_i = ∇L_i / B``) must equal autograd's gradient for every parameter
         (:meth:`~clbench.privacy.tape.Tape.explain`), else the run stops before the step with one line naming the
         parameter and its unaccounted use. Autograd's side is the loss's part that flows through the models'
         outputs (:meth:`~clbench.privacy.tape.Tape.batch_gradient`), or ``.grad`` when no model forward was seen."""
         reference = self.reference if self.reference is not None else {p: p.grad for p in params}
+        tested = self.tape.check_independent(self.batch)
         self.tape.explain(reference, reference[next(iter(reference))].new_ones(self.batch))
-        self.unchecked, self.reference, self.tape.keep_outputs, self.tape.outputs = False, None, False, []
+        self.unchecked, self.reference, self.tape.keep_outputs, self.tape.outputs = not tested, None, not tested, []
 
     def privatize(self, params: list[nn.Parameter]) -> Tensor:
         """Replace each ``p.grad`` (the mean-loss gradient of this batch) by the private gradient; returns the

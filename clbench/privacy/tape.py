@@ -4,9 +4,9 @@ per-sample squared norms and weighted gradient sums.
 
 Every module under the roots that owns trainable parameters is hooked by its rule in
 :data:`~clbench.privacy.rules.RULES`, or lies under a module whose rule covers its subtree (``Rule.subtree``), or
-has bare parameters added to, multiplied with or concatenated with its activations (:mod:`clbench.privacy.bare`,
-the rule of a type without one: any other use of them is refused with
-:class:`~clbench.privacy.rules.UnsupportedLayerError`, naming it); a module under one whose tensors are laid out
+gets the exact fallback (:mod:`clbench.privacy.fallback`: bare parameters added to, multiplied with or concatenated
+with its activations followed by :mod:`clbench.privacy.bare`, any other call replayed per sample with
+``torch.func``; a parametrized module replayed whole); a module under one whose tensors are laid out
 sample-second (:data:`~clbench.privacy.rules.SEQUENCE_FIRST`) has its calls handed to its rule sample-first. While
 a root's forward runs, :class:`~clbench.privacy.uses.Watch` follows what no layer sees: a layer's weight used bare
 in a matrix product (a tied output head), a layer's output computed without the sample dimension and broadcast over
@@ -28,10 +28,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten
 
-from clbench.privacy.bare import BARE_PARAMETERS
+from clbench.privacy.fallback import OWNED, REPLAYED, rule_for
+from clbench.privacy.independence import RootCall, check_independent
 from clbench.privacy.rules import (
-    RULES,
+    REPLAYING,
     SEQUENCE_FIRST,
     Call,
     Recorder,
@@ -92,6 +94,7 @@ class Tape:
         self.depth = 0
         self.keep_outputs = False
         self.outputs: list[Tensor] = []
+        self.root_calls: list[RootCall] = []
         for root in roots:
             covered: list[str] = []                    # prefixes of subtrees whose root's rule covers them
             layouts = sequence_first(root)
@@ -99,8 +102,8 @@ class Tape:
                 params = own(module)
                 if not params or module in self.names or any(name.startswith(c) for c in covered):
                     continue
-                rule = RULES.get(type(module), BARE_PARAMETERS)
-                if rule is BARE_PARAMETERS and layouts[module]:
+                rule = rule_for(module)
+                if rule in (OWNED, REPLAYED) and layouts[module]:
                     raise UnsupportedLayerError(
                         f"per-sample gradient norms: no rule for {type(module).__qualname__} at {name or '<root>'!r}, "
                         f"which owns trainable parameters {sorted(params)} and works on sample-second tensors; "
@@ -150,27 +153,44 @@ class Tape:
 
     def _root(self, root: nn.Module) -> list:
         """Hooks entering the :class:`~clbench.privacy.uses.Watch` for the outermost root forward that can
-        produce gradients (and keeping its outputs when :attr:`keep_outputs`)."""
-        def enter(m: nn.Module, args: tuple) -> None:
+        produce gradients (and, when :attr:`keep_outputs`, keeping the call for the independence check and its
+        outputs)."""
+        def enter(m: nn.Module, args: tuple, kwargs: dict) -> None:
+            if REPLAYING.get():
+                return
             if self.depth or torch.is_grad_enabled():
                 if self.depth == 0:
                     self.watch.__enter__()
+                    if self.keep_outputs:
+                        self.root_calls.append(RootCall.before(m, args, kwargs))
                 self.depth += 1
 
         def leave(m: nn.Module, args: tuple, output: Any) -> None:
-            if not self.depth:
+            if not self.depth or REPLAYING.get():
                 return
             self.depth -= 1
             if self.depth == 0:
                 self.watch.__exit__(None, None, None)
                 if self.keep_outputs:
+                    outs = [t for t in tree_flatten(output)[0] if isinstance(t, Tensor)]
+                    self.root_calls[-1].traced = [k for k, t in enumerate(outs) if t.requires_grad]
                     self.outputs += [t for t in (output if isinstance(output, (list, tuple)) else (output,))
                                      if isinstance(t, Tensor) and t.requires_grad]
-        return [root.register_forward_pre_hook(enter), root.register_forward_hook(leave, always_call=True)]
+        return [root.register_forward_pre_hook(enter, with_kwargs=True),
+                root.register_forward_hook(leave, always_call=True)]
+
+    def check_independent(self, batch: int) -> bool:
+        """The models' forwards kept since :attr:`keep_outputs` was set give each sample an output that depends on
+        that sample alone (:func:`~clbench.privacy.independence.check_independent`, which raises naming what mixes
+        them); False when the batch was too small to tell (the calls are then kept for the next batch's check)."""
+        checked = check_independent(self.root_calls, batch)
+        if checked:
+            self.root_calls = []
+        return checked
 
     def reset(self) -> None:
         """Forget the recorded calls (before the next forward)."""
-        self.calls, self.products, self._ops, self.outputs = {}, {}, None, []
+        self.calls, self.products, self._ops, self.outputs, self.root_calls = {}, {}, None, [], []
         self.watch.outputs, self.watch.unbatched, self.watch.calls, self.watch.notes = {}, {}, {}, {}
 
     def close(self) -> None:
@@ -362,12 +382,16 @@ def per_sample_grad_norms(model: nn.Module, loss_fn, inputs: Tensor, targets: Te
     """``‖∇_θ L_i‖₂: (B,)`` over all trainable parameters ``θ`` of ``model``, for ``L = loss_fn(model(inputs),
     targets)`` of shape ``(B,)`` (per-sample losses, summed), from ONE forward and ONE backward and without
     per-sample gradients (see :mod:`clbench.privacy.rules`). Raises
-    :class:`~clbench.privacy.rules.UnsupportedLayerError` for a trainable layer without a rule, and for a parameter
-    whose gradient the rules do not explain in full (:meth:`Tape.explain`)."""
+    :class:`~clbench.privacy.rules.UnsupportedLayerError` for a model that mixes the samples of the batch
+    (:mod:`clbench.privacy.independence`), for a module that neither a rule nor the fallback can follow, and for a
+    parameter whose gradient the rules do not explain in full (:meth:`Tape.explain`)."""
     params = trainable(model)
     batch = len(inputs)
     with Tape(model) as tape:
-        losses = loss_fn(model(inputs), targets)
+        tape.keep_outputs = True
+        out = model(inputs)
+        tape.check_independent(batch)
+        losses = loss_fn(out, targets)
         if losses.shape != (batch,):
             raise ValueError(f"loss_fn must return one loss per sample, shape ({batch},); got {tuple(losses.shape)} "
                              f"(use reduction='none').")
