@@ -20,6 +20,7 @@ RESULTS = REFERENCE.parent
 RECORDS = RESULTS / "reference"
 CLAIMS = RESULTS / "claims.md"
 FOLDER = "results"
+TITLES = {"paired": "Paired differences", "diag": "Learning of each step", "removals": "Removals"}
 
 
 def suites(root: Path = RECORDS) -> list[str]:
@@ -28,10 +29,11 @@ def suites(root: Path = RECORDS) -> list[str]:
 
 
 def declared_tables(suite: str, reference: Path = REFERENCE) -> list[dict[str, str]]:
-    """The generated blocks ``results/REFERENCE.md`` declares for ``suite``, other than its leaderboard."""
+    """The tables of :data:`TITLES` that ``results/REFERENCE.md`` declares for ``suite`` (its leaderboard comes
+    first on every page)."""
     options = [dict(item.split("=", 1) for item in m.group("options").split())
                for m in BLOCK.finditer(reference.read_text())] if reference.exists() else []
-    return [o for o in options if o["suite"] == suite and o["table"] != "leaderboard"]
+    return [o for o in options if o.get("suite") == suite and o.get("table") in TITLES]
 
 
 def suite_plots(suite: str, root: Path = RECORDS) -> list[Path]:
@@ -67,10 +69,9 @@ def suite_page(suite: str, root: Path = RECORDS, reference: Path = REFERENCE) ->
              "", "```bash", f"clbench --suite {suite} --out results/{suite}", "```", "",
              "Made on:", "", *_environment(root, suite), "", "## Leaderboard", "",
              render({"suite": suite, "table": "leaderboard"}, root).strip(), ""]
-    titles = {"paired": "Paired differences", "diag": "Learning of each step", "removals": "Removals"}
     for options in declared_tables(suite, reference):
         metric = options.get("metric", "last_acc" if options["table"] == "paired" else "")
-        parts += [f"## {titles[options['table']]}" + (f" ({metric})" if metric else ""), "",
+        parts += [f"## {TITLES[options['table']]}" + (f" ({metric})" if metric else ""), "",
                   render(options, root).strip(), ""]
     curves = _curves(root, suite)
     if curves:
