@@ -7,11 +7,23 @@ over the keys a query sees, in nats: the part the softmax does not cancel), for
   ``B̄`` given on the command line.
 
     CLBENCH_DATA=<root> python benchmarks/reattention_correction.py 0.6 1024
+
+With ``--runs``, on a suite's own trained models instead (issue 54): each ``<out>/artifacts/<run_id>`` folder's
+model snapshot rebuilt with its record's hyperparameters (any norm or embeddings option), its error prior set from
+the record (``reattention_sigma_dp`` of its metrics, its batch size, the exact item frequencies of the training
+windows: the private release's noise left out), and, per block, the total variation by which the correction moves
+each scored query row's attention, ``TV_i = ½ Σ_j |softmax_j(s_ij) − softmax_j(s_ij − C_i σ_j²/2)|`` over the keys
+``j`` query ``i`` may see (item positions of 500 test users), printed as median / 90th percentile / max::
+
+    CLBENCH_DATA=<root> python benchmarks/reattention_correction.py --runs \
+        results/dp_seqrec_games_paper/artifacts/games__eps8_reattention_b2048_lr3e-3__s0 ...
 """
 
 from __future__ import annotations
 
+import math
 import sys
+from pathlib import Path
 
 import torch
 
@@ -20,10 +32,16 @@ import clbench.privacy.reattention as reattention
 from clbench.data import CIFAR100, load
 from clbench.models.seqrec import SeqRec
 from clbench.models.vit import vit
-from clbench.privacy.reattention import ErrorPrior
+from clbench.privacy.reattention import CausalSelfAttention, ErrorPrior
 from clbench.protocol import ClassificationInfo
+from clbench.records import read as read_record
+from clbench.runner import record_path
 from clbench.scenarios.recommendation import GAMES_ITEMS, games_seqrec
+from clbench.specs import RunSpec
 from clbench.strategies.seqrec import item_frequency
+
+sys.path.insert(0, str(Path(__file__).parent))
+from seqrec_attention_distraction import SCENARIO, recorded  # noqa: E402  (a run's model rebuilt from its snapshot)
 
 
 def recording(module, seen: list) -> None:
@@ -77,7 +95,52 @@ def seqrec_spread(sigma: float, batch: float) -> None:
               f"{float(spread.max()):.3g} nats", flush=True)
 
 
+@torch.no_grad()
+def correction_tv(model: SeqRec, x: torch.Tensor) -> list[torch.Tensor]:
+    """Per block, ``TV_i`` (module docstring) of every non-padding query of ``x (B, L)``, under the model's prior."""
+    inputs: list[tuple] = []
+    hooks = [block.attn.register_forward_pre_hook(lambda _m, args: inputs.append(args)) for block in model.blocks]
+    with torch.no_grad():
+        model.hidden(x)
+    for hook in hooks:
+        hook.remove()
+    tvs = []
+    for block, (a, pad, a_var, param_var, *_) in zip(model.blocks, inputs):
+        attn = block.attn
+        q = attn._split(attn.q(a)) / math.sqrt(attn.head_dim)
+        scores = q @ attn._split(attn.k(a)).transpose(-1, -2)                       # (B, H, L, L)
+        n = x.shape[1]
+        allowed = torch.ones(n, n, dtype=torch.bool).tril() & ~pad[:, None, None, :] | torch.eye(n, dtype=torch.bool)
+        plain = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        corrected = (scores - attn.correction(q, a, a_var, param_var)).masked_fill(~allowed, float("-inf")).softmax(-1)
+        tv = 0.5 * (plain - corrected).abs().sum(-1)                                  # (B, H, L)
+        tvs.append(tv.permute(0, 2, 1)[~pad].flatten())
+    return tvs
+
+
+def runs_tv(folders: list[str]) -> None:
+    scenario = games_seqrec(**SCENARIO[1])
+    frequency = item_frequency(scenario.train_stream[0].dataset.x, GAMES_ITEMS)
+    x = scenario.test_stream[0].dataset.x[:500]
+    for folder in folders:
+        record = read_record(record_path(Path(folder).parents[1], Path(folder).name))
+        (run_id, model, _), = recorded([folder], scenario)
+        sigma = record["metrics"]["reattention_sigma_dp"]
+        if model.blocks[0].attn.__class__ is CausalSelfAttention or not sigma:
+            raise SystemExit(f"{run_id}: not a private Re-Attention run (attention vanilla or sigma_dp 0).")
+        config = RunSpec.from_dict(record["spec"]).config()
+        model.set_error_prior(ErrorPrior(sigma, config.batch_size, frequency, config.error_scale))
+        for block, tv in enumerate(correction_tv(model.eval(), x)):
+            print(f"{run_id} block {block}: attention moved by the correction, total variation median "
+                  f"{float(tv.median()):.3g}, 90th percentile {float(tv.quantile(0.9)):.3g}, max "
+                  f"{float(tv.max()):.3g} ({len(tv)} query rows; sigma_dp {sigma:.4g}, B {config.batch_size})",
+                  flush=True)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    vit_spread()
-    seqrec_spread(float(sys.argv[1]), float(sys.argv[2]))
+    if sys.argv[1:2] == ["--runs"]:
+        runs_tv(sys.argv[2:])
+    else:
+        vit_spread()
+        seqrec_spread(float(sys.argv[1]), float(sys.argv[2]))
