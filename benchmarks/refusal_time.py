@@ -14,6 +14,12 @@ strategy's Config and each scenario's sizes (:mod:`clbench.recorded`). What the 
 scenario arguments no shipped suite gives, ``model_args``, a plugin's strategy) is refused by the full check, after
 the imports (about 13 s on the 2-core machine).
 
+The command line's own refusals (:func:`tests.test_preflight.command_line_cases`: ``--jobs 0``, ``$CLBENCH_JOBS``,
+``--out ''``, an unwritable or locked output folder, ``ulimit -f``, ``--device cuda`` without a GPU, a missing
+``--init``) are timed the same way. Every kind is timed twice: as is, and with a plugin package installed (a
+distribution with a ``clbench.plugins`` entry point on ``PYTHONPATH``, as pip installs one), which used to send
+even ``optimizer: sgdd`` to the full check.
+
     python benchmarks/refusal_time.py [--repeat 5]
 """
 
@@ -32,37 +38,74 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from clbench.files import locked_folder  # noqa: E402
 from tests.test_load_checks import MALFORMED, VALUES  # noqa: E402 - the test's files, one list
+from tests.test_preflight import command_line_cases  # noqa: E402
+
+PLUGIN = """from clbench.registry import STRATEGIES
 
 
-def refusal(path: Path) -> tuple[float, str]:
-    """Seconds from start to exit of ``python -m clbench --suite path``, and its last stderr line."""
+@STRATEGIES.register("bench_plugin_strategy")
+class BenchPlugin:
+    \"\"\"A strategy of an installed package (never imported by a refusal).\"\"\"
+"""
+
+
+def installed_plugin(folder: Path) -> Path:
+    """A site folder holding an installed distribution ``bench-plugin 0.1`` whose entry point names a module that
+    registers a strategy: on ``PYTHONPATH`` it is found as pip would install it."""
+    info = folder / "bench_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bench-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[clbench.plugins]\nmethods = bench_plugin_methods\n")
+    (folder / "bench_plugin_methods.py").write_text(PLUGIN)
+    return folder
+
+
+def refusal(argv: list[str], env: dict[str, str], fsize: int = 0) -> tuple[float, str]:
+    """Seconds from start to exit of ``python -m clbench ARGV`` (under the file size limit ``fsize`` when not 0),
+    and its last stderr line."""
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "clbench", "--suite", str(path), "--out", str(path) + ".out"],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "CLBENCH_JOBS": "1"})
+    done = subprocess.run([sys.executable, "-m", "clbench", *argv], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "CLBENCH_JOBS": "1", **env}, preexec_fn=limit if fsize else None)
     seconds = time.perf_counter() - start
     if done.returncode != 2:
-        raise SystemExit(f"{path.name}: expected a refusal (exit 2), got exit {done.returncode}: {done.stderr}")
+        raise SystemExit(f"{argv}: expected a refusal (exit 2), got exit {done.returncode}: {done.stderr}")
     return seconds, done.stderr.strip().splitlines()[-1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(f"# {platform.node()}, {os.cpu_count()} cores, load average {load:.2f} at start; "
           f"python {sys.version.split()[0]}")
-    print("| file | median s | worst s | refusal |\n|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as folder:
-        for name, text in {**MALFORMED, **{name: text for name, (text, _) in VALUES.items()}}.items():
-            path = Path(folder) / f"{name.split(' (')[0].replace(' ', '_')}.yaml"
+    print("| kind | median s | worst s | with a plugin installed: median s | worst s | refusal |\n"
+          "|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        plugin = {"PYTHONPATH": os.pathsep.join([str(installed_plugin(folder / "site")), str(ROOT)]),
+                  "CLBENCH_CACHE": str(folder / "cache")}
+        kinds = {}
+        for kind, text in {**MALFORMED, **{kind: text for kind, (text, _) in VALUES.items()}}.items():
+            path = folder / f"{kind.split(' (')[0].replace(' ', '_')}.yaml"
             path.write_text(text)
-            runs = [refusal(path) for _ in range(args.repeat)]
-            seconds = [s for s, _ in runs]
-            line = runs[-1][1].removeprefix("error: ").replace(str(path), path.name)
-            print(f"| {name} | {statistics.median(seconds):.2f} | {max(seconds):.2f} | {line[:110]} |")
-
+            kinds[kind] = (["--suite", str(path), "--out", str(path) + ".out"], {}, 0)
+        kinds.update({kind: tuple(case[:3]) for kind, case in command_line_cases(folder).items()})
+        with locked_folder(folder / "locked", "the benchmark"):
+            for kind, (argv, env, fsize) in kinds.items():
+                plain = [refusal(argv, env, fsize) for _ in range(args.repeat)]
+                with_plugin = [refusal(argv, {**env, **plugin}, fsize) for _ in range(args.repeat)]
+                times = [[s for s, _ in runs] for runs in (plain, with_plugin)]
+                line = plain[-1][1].removeprefix("error: ").replace(str(folder), "TMP")
+                print(f"| {kind} | " + " | ".join(f"{statistics.median(t):.2f} | {max(t):.2f}" for t in times) +
+                      f" | {line[:100]} |")
 
 if __name__ == "__main__":
     main()

@@ -38,8 +38,9 @@ print(json.dumps([out, heavy]))
 """
 
 
-def _cases(tmp_path: Path) -> dict[str, tuple[list, dict, int, str]]:
-    """name -> (argv, environment, file size limit or 0, the start of the refusal after 'error: ')."""
+def command_line_cases(tmp_path: Path) -> dict[str, tuple[list, dict, int, str]]:
+    """name -> (argv, environment, file size limit or 0, the start of the refusal after 'error: '); the folder
+    ``tmp_path / "locked"`` is to be held locked by the caller (benchmarks/refusal_time.py times these too)."""
     out = ["--suite", "quick", "--out", str(tmp_path / "out"), "--quiet"]
     cases = {
         "--jobs 0": ([*out, "--jobs", "0"], {}, 0, "--jobs must be at least 1, got 0."),
@@ -60,7 +61,7 @@ def _cases(tmp_path: Path) -> dict[str, tuple[list, dict, int, str]]:
 
 
 def test_the_command_line_refusals_come_before_the_imports(tmp_path):
-    cases = _cases(tmp_path)
+    cases = command_line_cases(tmp_path)
     with locked_folder(tmp_path / "locked", "the test"):
         done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([c[:3] for c in cases.values()])],
                               capture_output=True, text=True, cwd=tmp_path)
