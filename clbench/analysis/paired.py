@@ -14,10 +14,15 @@ table and writes ``paired.csv`` (:mod:`clbench.commands.analyze`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy import stats
+
+from clbench import adequacy, leaderboard
+from clbench.metrics import SUMMARIES
 
 
 @dataclass(frozen=True)
@@ -94,4 +99,37 @@ def paired(records: list[dict], a: str, b: str, metric: str = "last_acc") -> lis
     return out
 
 
-__all__ = ["Paired", "paired"]
+def removals(suite_dir: str | Path) -> dict[tuple[str, str, str], list[dict]]:
+    """The removal records of ``run_bench.py forget`` (``<suite_dir>/removals/*.json``, one per run, request and
+    mode) grouped by ``(row, request, mode)``, in file-name order."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for path in sorted((Path(suite_dir) / "removals").glob("*.json")):
+        removal = json.loads(path.read_text())
+        groups.setdefault((removal["strategy"], removal["request"], removal["mode"]), []).append(removal)
+    return groups
+
+
+def removal_change(row: str, request: str, members: list[dict]) -> Paired:
+    """``accuracy after − accuracy before`` of one removal over its runs (one per seed), paired by run."""
+    return Paired(request, f"{row} after", f"{row} before", "accuracy", tuple(range(len(members))),
+                  tuple(m["accuracy_after"] - m["accuracy_before"] for m in members),
+                  tuple(m["accuracy_before"] for m in members))
+
+
+def decimals(records: list[dict], metric: str) -> int:
+    """Decimals of ``metric`` (a summary column such as ``last_acc`` or ``ndcg@10_last``): those of its unit
+    (:func:`clbench.leaderboard.score_decimals`), from the records' metric specs."""
+    units = {spec.column(summary): spec.unit for r in records for spec in leaderboard.metric_specs(r)
+             for summary in SUMMARIES}
+    return leaderboard.score_decimals(units.get(metric, "%"))
+
+
+def flag_kinds(records: list[dict], scenario: str, row: str, root: str | None) -> tuple[str, ...]:
+    """The kinds of :mod:`clbench.adequacy` flag (``not learned``, ``not converged``) that any finished seed of
+    ``row`` on ``scenario`` carries (``root``: the suite folder, for its committed training logs)."""
+    members = [r for r in records if scenario_label(r) == scenario and row_label(r) == row]
+    return tuple(dict.fromkeys(f.kind for r in members if r["status"] == "finished"
+                               for f in adequacy.record_flags(r, root)))
+
+
+__all__ = ["Paired", "decimals", "flag_kinds", "paired", "removal_change", "removals"]

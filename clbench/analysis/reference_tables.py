@@ -20,6 +20,8 @@ The opening marker names the records (``suite``: the folder ``<root>/<suite>/run
 - ``diag``: per scenario and row, ``diag = mean_i R[i, i]`` (accuracy on each step just after training it;
   mean ± sample std over seeds) beside ``last_acc``, and ``R[i, i]`` step by step: how well each step is learned,
   and whether a row learned its new classes at all.
+- ``claims`` (no ``suite=``): the claims table, computed from ``results/claims.yaml`` and every suite's records
+  (:func:`clbench.analysis.claims.claims_markdown`).
 - ``removals``: the suite's removal records (``run_bench.py forget``, ``<suite>/removals/*.json``): per row,
   request and mode, the accuracy before and after removing shards and the paired change with its 95% half-width.
 
@@ -31,7 +33,6 @@ text differs from what the records give (tests/test_reference_tables.py fails on
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Callable
@@ -39,24 +40,25 @@ from pathlib import Path
 
 import numpy as np
 
-from clbench import adequacy, leaderboard
+from clbench import leaderboard
 from clbench import records as record_files
-from clbench.analysis.paired import Paired, paired, row_label, scenario_label
-from clbench.metrics import SUMMARIES
+from clbench.analysis.claims import claims_markdown
+from clbench.analysis.paired import decimals, flag_kinds, paired, removal_change, removals, row_label, scenario_label
 
 BLOCK = re.compile(r"(<!-- generated: (?P<options>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "REFERENCE.md"
 
 
 def _options(text: str) -> dict[str, str]:
-    """``key=value`` pairs of an opening marker; ``suite`` and ``table`` are required."""
+    """``key=value`` pairs of an opening marker; ``table`` is required, and ``suite`` for a table made from one
+    suite's records (every kind but those of :data:`WHOLE_ROOT`)."""
     options = dict(item.split("=", 1) for item in text.split())
-    missing = {"suite", "table"} - set(options)
-    if missing:
-        raise ValueError(f"generated block '{text}' lacks {sorted(missing)}; write e.g. "
+    if options.get("table") not in {*TABLES, *WHOLE_ROOT}:
+        raise ValueError(f"generated block '{text}': unknown table {options.get('table')!r}; one of "
+                         f"{sorted({*TABLES, *WHOLE_ROOT})}.")
+    if options["table"] in TABLES and "suite" not in options:
+        raise ValueError(f"generated block '{text}' lacks ['suite']; write e.g. "
                          f"'<!-- generated: suite=der table=leaderboard -->'.")
-    if options["table"] not in TABLES:
-        raise ValueError(f"generated block '{text}': unknown table {options['table']!r}; one of {sorted(TABLES)}.")
     return options
 
 
@@ -76,14 +78,6 @@ def leaderboard_table(records: list[dict], options: dict[str, str]) -> str:
     return leaderboard.to_markdown(leaderboard.build(records, _suite_root(options)))
 
 
-def _decimals(records: list[dict], metric: str) -> int:
-    """Decimals of ``metric`` (a summary column such as ``last_acc`` or ``ndcg@10_last``): those of its unit
-    (:func:`clbench.leaderboard.score_decimals`), from the records' metric specs."""
-    units = {spec.column(summary): spec.unit for r in records for spec in leaderboard.metric_specs(r)
-             for summary in SUMMARIES}
-    return leaderboard.score_decimals(units.get(metric, "%"))
-
-
 FLAGGED = "flagged:"
 """What a paired verdict says before the flags of its rows (:func:`paired_mark`)."""
 
@@ -91,20 +85,14 @@ FLAGGED = "flagged:"
 def paired_mark(records: list[dict], scenario: str, rows: tuple[str, ...], root: str | None) -> str:
     """`` (flagged: <row> <flags>; ...)`` for the rows of a pair on ``scenario`` that :mod:`clbench.adequacy`
     flags (their flag kinds, without counts), else ``""``."""
-    marks = []
-    for row in rows:
-        members = [r for r in records if scenario_label(r) == scenario and row_label(r) == row]
-        kinds = dict.fromkeys(f.kind for r in members if r["status"] == "finished"
-                               for f in adequacy.record_flags(r, root))
-        if kinds:
-            marks.append(f"{row} {', '.join(kinds)}")
+    marks = [f"{row} {', '.join(kinds)}" for row in rows if (kinds := flag_kinds(records, scenario, row, root))]
     return f" ({FLAGGED} {'; '.join(marks)})" if marks else ""
 
 
 def paired_table(records: list[dict], options: dict[str, str]) -> str:
     metric = options.get("metric", "last_acc")
     relative = options.get("relative") == "yes"
-    digits = _decimals(records, metric)
+    digits = decimals(records, metric)
     header = ["scenario", "A − B", "metric", "seeds", "mean ± 95% half-width", *(["relative"] if relative else []),
               "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -150,17 +138,13 @@ def removals_table(records: list[dict], options: dict[str, str]) -> str:
     """The removal records of ``run_bench.py forget`` (``<suite>/removals/*.json``, one per run, request and mode),
     per (row, request, mode): seeds, shards left, accuracy before and after (mean) and the paired change
     ``after − before`` with its 95% half-width over the seeds."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
-    for path in sorted((Path(options["root"]) / options["suite"] / "removals").glob("*.json")):
-        removal = json.loads(path.read_text())
-        groups.setdefault((removal["strategy"], removal["request"], removal["mode"]), []).append(removal)
+    groups = removals(Path(options["root"]) / options["suite"])
     if not groups:
         raise ValueError(f"{Path(options['root']) / options['suite'] / 'removals'}: no removal records")
     lines = ["| row | request | mode | seeds | shards left | accuracy before | after | after − before |",
              "|---|---|---|---|---|---|---|---|"]
     for (row, request, mode), members in sorted(groups.items()):
-        change = Paired(request, f"{row} after", f"{row} before", "accuracy", tuple(range(len(members))),
-                        tuple(m["accuracy_after"] - m["accuracy_before"] for m in members))
+        change = removal_change(row, request, members)
         left = sorted({m["shards_left"] for m in members})
         lines.append(f"| {row} | {request} | {mode} | {len(members)} | {', '.join(map(str, left))} | "
                      f"{np.mean([m['accuracy_before'] for m in members]):.2f} | "
@@ -173,9 +157,15 @@ TABLES: dict[str, Callable[[list[dict], dict[str, str]], str]] = {
     "leaderboard": leaderboard_table, "paired": paired_table, "diag": diag_table, "removals": removals_table}
 """Table kinds a generated block may name: ``(records, marker options) -> markdown``."""
 
+WHOLE_ROOT: dict[str, Callable[[Path], str]] = {"claims": claims_markdown}
+"""Table kinds made from every suite under the results root (no ``suite=``): ``(root) -> markdown``; ``claims`` is
+the claims table of ``results/claims.yaml`` (:mod:`clbench.analysis.claims`)."""
+
 
 def render(options: dict[str, str], root: Path) -> str:
-    """The markdown of one block: its table kind on the records of its suite (and scenario)."""
+    """The markdown of one block: its table kind on the records of its suite (and scenario), or on the whole root."""
+    if options["table"] in WHOLE_ROOT:
+        return WHOLE_ROOT[options["table"]](root)
     return TABLES[options["table"]](_records(root, options["suite"], options.get("scenario")),
                                     {**options, "root": str(root)})
 

@@ -1,0 +1,113 @@
+"""The claims page generator (clbench/analysis/claims.py): statistics, flags and verdicts read from the committed
+records, the setting here from them, notes that may not contradict the computed verdicts, and the three copies of
+the table (results/claims.md, results/REFERENCE.md, README.md where it holds one) equal to what the records give."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clbench.analysis.claims import (
+    Claim,
+    ComparisonSpec,
+    claims_markdown,
+    contradictions,
+    load_claims,
+    measure,
+    setting_here,
+)
+from clbench.analysis.reference_tables import BLOCK
+from clbench.analysis.verdict import Verdict
+
+ROOT = Path(__file__).parents[1]
+RECORDS = ROOT / "results" / "reference"
+
+
+def _write(tmp_path: Path, claims: list[dict]) -> Path:
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": claims}, allow_unicode=True))
+    return path
+
+
+BASE = {"paper": "TAFT (x)", "claim": "c", "number": "1", "where": "Sec. 1", "papers_setting": "p",
+        "papers_setting_run": False, "budget": "b"}
+
+
+def test_a_comparison_reads_its_statistic_flags_and_verdict_from_the_records():
+    clean = measure(ComparisonSpec("unlearning", "c100_0-49_joint", "taft_shards_N25", "sisa_N25"), RECORDS)
+    assert clean.statistic is not None and len(clean.statistic.seeds) == 3
+    assert clean.flags == {"taft_shards_N25": (), "sisa_N25": ()}
+    assert clean.verdict is Verdict.REPRODUCED and f"{clean.mean:+.2f} ± {clean.half_width:.2f}" == "+1.33 ± 0.15"
+    flagged = measure(ComparisonSpec("tangent", "c100_0-49_5steps", "taft", "nlft"), RECORDS)
+    assert "not converged" in flagged.flags["nlft"] and flagged.verdict is Verdict.FLAGGED
+    removal = measure(ComparisonSpec("unlearning", "c100_0-49_joint", "taft_shards_N25", kind="removal",
+                                     request="touchhalf", mode="subtract", direction="less"), RECORDS)
+    assert removal.verdict is Verdict.NOT_SHOWN and f"{removal.mean:+.2f} ± {removal.half_width:.2f}" == "-0.71 ± 2.24"
+
+
+def test_a_missing_suite_is_not_tested_and_another_kind_of_comparison_is_said():
+    missing = measure(ComparisonSpec("no_such_suite", "s", "a", "b", at_papers_setting=False, why="one task"),
+                      RECORDS)
+    assert missing.verdict is Verdict.NOT_TESTED and "no committed record" in missing.text()
+    other = measure(ComparisonSpec("tangent", "c100_0-49_5steps", "taft", "taft_ce", at_papers_setting=False,
+                                   why="class-incremental here"), RECORDS)
+    assert other.verdict is Verdict.NOT_TESTED and "class-incremental here" in other.text()
+
+
+def test_a_note_that_contradicts_its_computed_verdict_is_refused(tmp_path):
+    flagged = {"suite": "tangent", "scenario": "c100_0-49_5steps", "a": "taft", "b": "nlft"}
+    says_reproduced = _write(tmp_path, [{**BASE, "comparisons": [flagged], "note": "reproduced on CIFAR"}])
+    with pytest.raises(ValueError, match="says 'reproduced'"):
+        claims_markdown(RECORDS, says_reproduced)
+    explains = _write(tmp_path, [{**BASE, "comparisons": [flagged], "note": "nlft is flagged: its loss still falls"}])
+    assert "**flagged, not evidence**" in claims_markdown(RECORDS, explains)
+
+
+def test_contradictions_reads_each_verdict_word():
+    claim = Claim(**BASE, note="not shown here, and reversed there")
+    measured = [measure(ComparisonSpec("unlearning", "c100_0-49_joint", "taft_shards_N10", "sisa_N10"), RECORDS)]
+    assert measured[0].verdict is Verdict.NOT_SHOWN
+    assert [p.split("says ")[1].split(",")[0] for p in contradictions(claim, measured)] == ["'reversed'"]
+
+
+def test_unknown_keys_and_directions_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_claims(_write(tmp_path, [{**BASE, "verdict": "reproduced"}]))
+    with pytest.raises(ValueError, match="direction"):
+        load_claims(_write(tmp_path, [{**BASE, "comparisons": [{"suite": "s", "scenario": "x", "a": "a", "b": "b",
+                                                                "direction": "above"}]}]))
+    with pytest.raises(ValueError, match="why"):
+        ComparisonSpec("s", "x", "a", "b", at_papers_setting=False)
+
+
+def test_the_setting_here_comes_from_the_records():
+    claim = Claim(**{**BASE, "comparisons": (ComparisonSpec("dytox", "cifar100_b50_5steps", "dytox", "icarl_e30"),)})
+    text = setting_here(claim, RECORDS)
+    assert "at most 50 training images a class" in text and "0.214 M params" in text
+    assert "30 epochs a step" in text and "memory 500" in text and "from scratch" in text
+    assert "the paper's setting was not run" in text
+
+
+@pytest.fixture(scope="module")
+def generated() -> str:
+    return claims_markdown(RECORDS)
+
+
+@pytest.mark.parametrize("document", ["results/REFERENCE.md", "results/claims.md", "README.md"])
+def test_every_copy_of_the_claims_table_is_the_generated_one(document, generated):
+    text = (ROOT / document).read_text()
+    blocks = [m.group("body") for m in BLOCK.finditer(text) if "table=claims" in m.group("options")]
+    if document == "results/claims.md":
+        assert generated in text, "regenerate: python -m clbench.analysis.claims --out results/claims.md"
+        return
+    if document == "README.md" and not blocks:
+        assert "results/claims.md" in text, "README.md neither holds the claims table nor links to results/claims.md"
+        return
+    assert blocks == [generated], f"{document}: run python -m clbench.analysis.reference_tables {document}"
+
+
+def test_every_claim_row_has_a_verdict_or_says_why_not(generated):
+    rows = [line for line in generated.splitlines()[2:] if line.startswith("| ")]
+    assert len(rows) == len(load_claims())
+    for row in rows:
+        assert "→ **" in row or "no paired comparison:" in row, row
