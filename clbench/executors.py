@@ -48,6 +48,7 @@ from clbench import records as record_files
 from clbench.callbacks import CALLBACKS
 from clbench.config import config_hash
 from clbench.environment import environment, resolve_device
+from clbench.errors import ConfigError
 from clbench.registry import SCENARIOS, STRATEGIES, Registry, load_plugins
 from clbench.runner import RunRecord, record_path, run
 from clbench.specs import RunSpec
@@ -71,6 +72,8 @@ def record_status(spec: RunSpec, out_dir: str | Path) -> str:
         data = record_files.read(path)
     except record_files.CorruptRecord:
         return "corrupt"
+    if data["spec"]["suite"] != spec.suite:
+        return "suite"
     if data["status"] != "finished":
         return "failed"
     if data.get("identity_hash") != config_hash(spec.identity()):
@@ -83,9 +86,18 @@ def is_done(spec: RunSpec, out_dir: str | Path) -> bool:
 
 
 def pending(specs: Iterable[RunSpec], out_dir: str | Path, force: bool = False) -> list[RunSpec]:
-    """The specs to run, and one line on stderr about the others (printed whatever the log level)."""
+    """The specs to run, and one line on stderr about the others (printed whatever the log level). A record of
+    another suite where a run would write (run ids do not name the suite) is refused before any run, ``force`` or
+    not: a :class:`~clbench.errors.ConfigError` naming the file, its suite and what to do."""
     specs = list(specs)
     status = {s.run_id: record_status(s, out_dir) for s in specs}
+    other = [s for s in specs if status[s.run_id] == "suite"]
+    if other:
+        path = record_path(out_dir, other[0].run_id)
+        raise ConfigError(f"{path} holds a run of the suite {record_files.read(path)['spec']['suite']!r}, not of "
+                          f"{other[0].suite!r} ({len(other)} such record(s) in {Path(out_dir) / 'runs'}), and this "
+                          f"suite would replace it: pass another --out (one folder per suite), or move those "
+                          f"records away first.")
     done = sum(v == "done" for v in status.values())
     if force:
         if any(v != "new" for v in status.values()):

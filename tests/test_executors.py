@@ -221,3 +221,29 @@ def test_cli_jobs_2_runs_in_workers_with_one_thread_each(tiny_suite, tmp_path, c
     assert len(list((tmp_path / "o" / "runs").glob("*.json"))) == 2
     pids = {int((markers / f"{seed}.0").read_text()) for seed in (0, 1)}
     assert os.getpid() not in pids                          # trained in the worker processes, not here
+
+
+def test_a_record_of_another_suite_is_refused_before_any_run_even_with_force(tmp_path):
+    """Run ids do not name the suite: a finished record of suite ``other`` where suite ``t`` would write its run is
+    refused before the first run (with and without --force), naming the file, both suites and the fix; the record
+    is left as it was."""
+    import json
+
+    from clbench.errors import ConfigError
+    from tests._records import sealed
+
+    (spec,) = _specs(["naive"])
+    path = record_path(tmp_path, spec.run_id)
+    path.parent.mkdir(parents=True)
+    theirs = sealed({"status": "finished", "seed": 0, "metrics": {"last_acc": 50.0},
+                     "spec": {**spec.to_dict(), "suite": "other"}})
+    path.write_text(json.dumps(theirs))
+    before = path.read_text()
+    for force in (False, True):
+        with pytest.raises(ConfigError) as info:
+            LocalExecutor(force=force).run_all([spec], tmp_path)
+        assert str(info.value) == (f"{path} holds a run of the suite 'other', not of 't' (1 such record(s) in "
+                                   f"{tmp_path / 'runs'}), and this suite would replace it: pass another --out (one "
+                                   f"folder per suite), or move those records away first.")
+    assert path.read_text() == before
+    assert executors.record_status(spec, tmp_path) == "suite"
