@@ -10,6 +10,12 @@ executors).
 
 A module counts by its code: the hash is taken over its syntax tree with the docstrings removed, so editing a
 comment, a docstring or the formatting does not make records stale; changing an expression does.
+
+Parsing is the cost (44 modules, 1-2 s a process on the 2-core VM), so what one file gives — its code digest and its
+import statements — is kept in a cache file (:func:`cache_path`) keyed by the file's resolved path, size,
+modification and status-change times (ns) and inode: any write to the file changes the key and it is parsed again.
+The cache is per Python version (``ast.dump`` differs between versions), written atomically (several worker
+processes may write it at once; the last one wins, each complete), and an unreadable cache is ignored.
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import json
+import os
 import site
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -95,6 +104,7 @@ def fingerprint_of(modules: Iterable[str]) -> str:
     """16 hex digits of sha256 over ``name:code digest`` of every file :func:`module_files` finds."""
     files = module_files(modules)
     blob = "\n".join(f"{name}:{code_digest(path)}" for name, path in sorted(files.items()))
+    _CACHE.save()
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -183,27 +193,25 @@ def _imports(name: str, path: Path, follows: Callable[[str], bool] = lambda m: m
     is ``follows``-ed, else ``a``); relative imports resolved against ``name``."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
-    for node in ast.walk(_parse(path.read_bytes())):
-        if isinstance(node, ast.Import):
-            out += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            if follows(base):
-                out += [f"{base}.{a.name}" if _source_file(f"{base}.{a.name}") else base for a in node.names]
+    for level, module, names in _CACHE.entry(path)["imports"]:
+        if module is None:                                   # import a, b.c
+            out += names
+            continue
+        base = module
+        if level:
+            parts = package.split(".")[: len(package.split(".")) - level + 1]
+            base = ".".join(parts + ([base] if base else []))
+        if follows(base):
+            out += [f"{base}.{a}" if _source_file(f"{base}.{a}") else base for a in names]
     return out
 
 
 def code_digest(path: Path) -> str:
     """sha256 of the file's syntax tree without docstrings."""
-    return _digest(path.read_bytes())
+    return _CACHE.entry(path)["digest"]
 
 
-@functools.cache
-def _digest(source: bytes) -> str:
-    tree = ast.parse(source)
+def _digest(tree: ast.Module) -> str:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
                 and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
@@ -212,6 +220,88 @@ def _digest(source: bytes) -> str:
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
-@functools.cache
-def _parse(source: bytes) -> ast.Module:
-    return ast.parse(source)
+def _import_statements(tree: ast.Module) -> list[tuple[int, str | None, list[str]]]:
+    """Every import of ``tree`` as ``(level, module, names)``: ``(0, None, [a, b.c])`` for ``import a, b.c``,
+    ``(level, module or "", [names])`` for ``from ... import``."""
+    out: list[tuple[int, str | None, list[str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.append((0, None, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module or "", [alias.name for alias in node.names]))
+    return out
+
+
+def analysed(source: bytes) -> dict:
+    """``{"digest": code digest, "imports": import statements}`` of one file's source (parsed once)."""
+    tree = ast.parse(source)
+    imports = _import_statements(tree)           # before _digest edits the tree
+    return {"digest": _digest(tree), "imports": imports}
+
+
+CACHE_VERSION = 1
+
+
+def cache_path() -> Path:
+    """``$XDG_CACHE_HOME/clbench-code/fingerprints-<python>-v<CACHE_VERSION>.json`` (``~/.cache`` when unset)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "clbench-code" / f"fingerprints-{sys.implementation.cache_tag}-v{CACHE_VERSION}.json"
+
+
+class FileCache:
+    """:func:`analysed` per file, kept across processes in :func:`cache_path`, keyed by the file's
+    :func:`file_key` (module docstring)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict] | None = None
+        self.changed = False
+
+    def _load(self) -> dict[str, dict]:
+        if self.entries is None:
+            try:
+                loaded = json.loads(cache_path().read_text())
+                self.entries = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                self.entries = {}
+        return self.entries
+
+    def entry(self, path: Path) -> dict:
+        entries = self._load()
+        key = file_key(path)
+        if key not in entries:
+            entries[key] = analysed(path.read_bytes())
+            self.changed = True
+        return entries[key]
+
+    def save(self) -> None:
+        """Write the cache if this process parsed a file (atomically; a cache that cannot be written is skipped),
+        keeping only entries of files that still exist unchanged."""
+        if not self.changed or self.entries is None:
+            return
+        self.changed = False
+        live = {key: value for key, value in self.entries.items() if _still(key)}
+        target = cache_path()
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False, suffix=".tmp") as handle:
+                json.dump(live, handle)
+            os.replace(handle.name, target)
+        except OSError:
+            pass
+
+
+def file_key(path: Path) -> str:
+    """``resolved path|size|mtime_ns|ctime_ns|inode``: changed by any write to the file."""
+    resolved = Path(path).resolve()
+    stat = resolved.stat()
+    return f"{resolved}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{stat.st_ino}"
+
+
+def _still(key: str) -> bool:
+    try:
+        return file_key(Path(key.split("|", 1)[0])) == key
+    except OSError:
+        return False
+
+
+_CACHE = FileCache()

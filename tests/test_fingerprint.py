@@ -1,0 +1,59 @@
+"""The code fingerprint's per-file cache (clbench/fingerprint.py): a file is parsed once across processes while it
+is unchanged, and again after any write to it."""
+
+import os
+
+import pytest
+
+from clbench import fingerprint
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh process's cache (nothing loaded yet) in a temporary cache folder; counts the files parsed."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    parsed = []
+    original = fingerprint.analysed
+    monkeypatch.setattr(fingerprint, "analysed", lambda source: parsed.append(source) or original(source))
+    monkeypatch.setattr(fingerprint, "_CACHE", fingerprint.FileCache())
+    return parsed
+
+
+def _new_process(monkeypatch):
+    monkeypatch.setattr(fingerprint, "_CACHE", fingerprint.FileCache())
+
+
+def test_an_unchanged_file_is_not_parsed_again_in_a_later_process(tmp_path, cache, monkeypatch):
+    module = tmp_path / "mod.py"
+    module.write_text('"""doc"""\nimport os\nfrom . import sibling\nX = 1\n')
+    digest = fingerprint.code_digest(module)
+    assert fingerprint._imports("pkg.mod", module, lambda m: True)[0] == "os"
+    fingerprint._CACHE.save()
+    assert fingerprint.cache_path().is_file() and len(cache) == 1
+    _new_process(monkeypatch)
+    assert fingerprint.code_digest(module) == digest and len(cache) == 1        # read from the cache file
+
+
+def test_a_write_of_the_same_size_is_seen(tmp_path, cache, monkeypatch):
+    """``X = 1`` -> ``X = 2``: same size, and the modification time set back to the old one: the status-change time
+    still differs, so the file is parsed again and its digest changes."""
+    module = tmp_path / "mod.py"
+    module.write_text("X = 1\n")
+    before = os.stat(module)
+    digest = fingerprint.code_digest(module)
+    fingerprint._CACHE.save()
+    _new_process(monkeypatch)
+    module.write_text("X = 2\n")
+    os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert fingerprint.code_digest(module) != digest and len(cache) == 2
+
+
+def test_docstrings_do_not_count_and_a_broken_cache_is_ignored(tmp_path, cache, monkeypatch):
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_text('"""one"""\ndef f():\n    """x"""\n    return 1\n')
+    second.write_text('"""two"""\ndef f():\n    return 1\n')
+    assert fingerprint.code_digest(first) == fingerprint.code_digest(second)
+    fingerprint.cache_path().parent.mkdir(parents=True)
+    fingerprint.cache_path().write_text("{not json")
+    _new_process(monkeypatch)
+    assert fingerprint.code_digest(first) == fingerprint.code_digest(second) and len(cache) == 4
