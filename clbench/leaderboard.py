@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,18 @@ def flagged(table: pd.DataFrame) -> bool:
     return "flags" in table and bool(table["flags"].fillna("").astype(str).str.len().gt(0).any())
 
 
+MARKDOWN_SPECIAL = re.compile(r"([\\`*<>|~&]|(?<=\])\()")
+"""The characters a markdown cell escapes (CommonMark: a backslash before ASCII punctuation keeps it literal): code,
+emphasis, inline HTML, table cells, strikethrough, entities, and the ``(`` that makes ``[text](url)`` a link.
+``_ . + - = [ ]`` (names, overrides such as ``hidden: [8]``) stay as they are."""
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as one literal markdown table cell: line breaks as spaces, :data:`MARKDOWN_SPECIAL` escaped (a label,
+    name or path read from a record can neither end the table, nor link, nor inject HTML)."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
+
+
 def to_markdown(table: pd.DataFrame, title: str = "") -> str:
     """A compact markdown table: labels and overrides, mean ± std (:func:`mean_pm`) for the scores, the adequacy
     ``flags`` (where a row has one: :func:`flagged`), then costs, followed by :data:`LEGEND`,
@@ -253,7 +266,7 @@ def to_markdown(table: pd.DataFrame, title: str = "") -> str:
         cost = ["–" if pd.isna(r[c]) else fmt.format(r[c]) for c, fmt in MARKDOWN_COST.items()]
         cells = [str(r["suite"]), str(r["scenario"]), str(r["strategy"]), str(r["preset"]), str(r["overrides"]),
                  seeds, *(mean_pm(r, m, decimals[m]) for m in shown), *([r["flags"]] if flags else []), *cost]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        lines.append("| " + " | ".join(map(markdown_text, cells)) + " |")
     lines += ["", LEGEND] if len(table) else []
     lines += ["", adequacy.FLAGS_LEGEND] if flags else []
     machines = sorted({m for row in table.get("machine", []) for m in str(row).split("; ") if m})

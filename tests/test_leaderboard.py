@@ -446,3 +446,15 @@ def test_flags_of_records_without_adequacy_read_the_committed_training_log(tmp_p
     assert leaderboard.build([record])["flags"][0] == ""
     assert leaderboard.write(tmp_path, [record])["flags"][0] == expected
     assert f"| {expected} |" in (tmp_path / "leaderboard.md").read_text()
+
+
+def test_markdown_cells_copy_labels_literally():
+    """A label that would end the table, link, inject HTML or break the line is escaped in leaderboard.md (each
+    character that means something in markdown gets a backslash; line breaks become spaces); names and overrides
+    made of ``_ . + - = [ ]`` are left as they are."""
+    records = [_record("naive", 0, 40.0, 20.0, label="x|<img src=y onerror=z>[a](javascript:b)\n*c* `d` ~e~ &f \\")]
+    md = leaderboard.to_markdown(leaderboard.build(records)).splitlines()
+    assert md[2].startswith("| s | synthetic | x\\|\\<img src=y onerror=z\\>[a]\\(javascript:b) \\*c\\* \\`d\\` "
+                            "\\~e\\~ \\&f \\\\ | cpu | – | 1 |")
+    assert leaderboard.markdown_text("split_digits [mem_size=20, hidden=[8]] 1.0e-3+x") == (
+        "split_digits [mem_size=20, hidden=[8]] 1.0e-3+x")
