@@ -332,3 +332,164 @@ ZOO = {
 }
 """name -> ``(model(sizes), inputs(sizes, batch), targets(sizes, batch))``; the language model's targets are next
 ids ``(B, T)``, the others' class labels ``(B,)``."""
+
+
+# ------------------------------------------------------------------------------------------- the coverage zoo
+class _Head(nn.Module):
+    """``features (B, 8) -> body -> Linear(8, classes)``; ``body`` built by each idiom."""
+
+    def __init__(self, body: nn.Module, width: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.body, self.head = body, nn.Linear(width, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.body(x)
+        return self.head(h.flatten(1) if h.dim() > 2 else h)
+
+
+class _Lambda(nn.Module):
+    """A module whose forward is ``fn(self, x)`` and whose parameters are ``params`` (bare ``nn.Parameter`` s) and
+    ``children``."""
+
+    def __init__(self, fn, params: dict[str, Tensor] | None = None, **children: nn.Module) -> None:
+        super().__init__()
+        self.fn = fn
+        for name, value in (params or {}).items():
+            setattr(self, name, nn.Parameter(value))
+        for name, child in children.items():
+            setattr(self, name, child)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(self, x)
+
+
+class _Square(torch.autograd.Function):
+    """``x²`` as a custom autograd.Function without vmap support."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return 2 * x * g
+
+
+class _VmapSquare(torch.autograd.Function):
+    """``x²`` as a custom autograd.Function that supports vmap (``setup_context``, ``generate_vmap_rule``)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return 2 * x * g
+
+
+def _features(s: Sizes, b: int) -> Tensor:
+    return torch.randn(b, 8, generator=torch.Generator().manual_seed(11))
+
+
+def _maps(s: Sizes, b: int) -> Tensor:
+    return torch.randn(b, 2, 4, 4, generator=torch.Generator().manual_seed(12))
+
+
+def _series(s: Sizes, b: int) -> Tensor:
+    return torch.randn(b, 4, 8, generator=torch.Generator().manual_seed(13))
+
+
+def _volumes(s: Sizes, b: int) -> Tensor:
+    return torch.randn(b, 2, 3, 3, 3, generator=torch.Generator().manual_seed(14))
+
+
+def _tokens(s: Sizes, b: int) -> Tensor:
+    return torch.randn(b, s.length, 8, generator=torch.Generator().manual_seed(15))
+
+
+def _swiglu() -> nn.Module:
+    return _Lambda(lambda m, x: m.down(F.silu(m.gate(x)) * m.up(x)), gate=nn.Linear(8, 12), up=nn.Linear(8, 12),
+                   down=nn.Linear(12, 8))
+
+
+def _shared_f_linear() -> nn.Module:
+    block = _Lambda(lambda m, x: x[0] + torch.tanh(F.linear(x[0], x[1])))
+    return _Lambda(lambda m, x: m.b2((m.b1((x, m.w)), m.w)), {"w": torch.randn(8, 8) * 0.3}, b1=block, b2=block)
+
+
+def _mixing(fn) -> nn.Module:
+    return _Lambda(lambda m, x: fn(m.fc(x)), fc=nn.Linear(8, 8))
+
+
+def _frozen_tied() -> nn.Module:
+    model = TiedLM(Sizes(vocab=11, length=6, dim=8, heads=2, ff=12, layers=1))
+    model.embed.weight.requires_grad_(False)
+    model.out = nn.Linear(8, 11)
+    return model
+
+
+def _sliced_positions(s: Sizes) -> nn.Module:
+    return _Head(_Lambda(lambda m, x: (x + m.pos[:, :x.shape[1]]).mean(1), {"pos": torch.randn(1, 2 * s.length, 8)}))
+
+
+def _mha_kdim_vdim() -> nn.Module:
+    attn = nn.MultiheadAttention(8, 2, kdim=5, vdim=3, batch_first=True)
+    return _Lambda(lambda m, x: m.attn(x, x[..., :5], x[..., 5:], need_weights=False)[0].mean(1), attn=attn)
+
+
+COVERAGE = {
+    "swiglu_mlp": (lambda s: _Head(_swiglu()), _features, labels, False),
+    "sliced_positional_table": (_sliced_positions, _tokens, labels, False),
+    "mha_kdim_vdim": (lambda s: _Head(_mha_kdim_vdim()), _tokens, labels, False),
+    "frozen_tied_weight_trainable_head": (lambda s: _frozen_tied(), ids, lambda s, b: ids(s, b, seed=4), False),
+    "bare_parameter_f_linear_in_two_blocks": (lambda s: _Head(_shared_f_linear()), _features, labels, False),
+    "bare_parameter_einsum": (lambda s: _Head(_Lambda(lambda m, x: torch.einsum("bd,ed->be", x, m.w),
+                                                      {"w": torch.randn(8, 8) * 0.3})), _features, labels, False),
+    "bare_parameter_gram_h_w_wt": (lambda s: _Head(_Lambda(lambda m, x: torch.tanh(x @ (m.w @ m.w.T)),
+                                                           {"w": torch.randn(8, 8) * 0.3})), _features, labels, False),
+    "weight_norm_parametrization": (lambda s: _Head(nn.utils.parametrizations.weight_norm(nn.Linear(8, 8))),
+                                    _features, labels, False),
+    "rmsnorm": (lambda s: _Head(nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8))), _features, labels, False),
+    "conv1d": (lambda s: _Head(nn.Conv1d(4, 2, 3, padding=1), 16), _series, labels, False),
+    "bilinear": (lambda s: _Head(_Lambda(lambda m, x: m.bil(x, x), bil=nn.Bilinear(8, 8, 8))), _features, labels,
+                 False),
+    "custom_function_without_vmap": (lambda s: _Head(_Lambda(lambda m, x: _Square.apply(x @ m.w),
+                                                             {"w": torch.randn(8, 8) * 0.3})), _features, labels,
+                                     False),
+    "custom_function_with_vmap_rule": (lambda s: _Head(_Lambda(lambda m, x: _VmapSquare.apply(x * m.g),
+                                                               {"g": torch.randn(8)})), _features, labels, False),
+    "batch_centering_z_minus_mean": (lambda s: _Head(_mixing(lambda z: z - z.mean(0))), _features, labels, True),
+    "functional_batch_norm_training": (lambda s: _Head(_mixing(lambda z: F.batch_norm(z, None, None, training=True))),
+                                       _features, labels, True),
+    "batchnorm1d_module": (lambda s: _Head(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))), _features, labels,
+                           True),
+    "conv2d_grouped": (lambda s: _Head(nn.Conv2d(2, 4, 3, padding=1, groups=2), 64), _maps, labels, False),
+    "conv3d": (lambda s: _Head(nn.Conv3d(2, 1, 2), 8), _volumes, labels, False),
+    "groupnorm": (lambda s: _Head(nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.GroupNorm(2, 4)), 64), _maps,
+                  labels, False),
+    "instancenorm2d_affine": (lambda s: _Head(nn.Sequential(nn.Conv2d(2, 4, 3, padding=1),
+                                                            nn.InstanceNorm2d(4, affine=True)), 64), _maps, labels,
+                              False),
+    "layernorm_embedding": (lambda s: Encoder(s, True), ids, labels, False),
+    "embedding_bag": (lambda s: _Head(_Lambda(lambda m, x: m.bag(x), bag=nn.EmbeddingBag(s.vocab, 8))), ids, labels,
+                      False),
+    "gru": (lambda s: _Head(_Lambda(lambda m, x: m.rnn(x)[0][:, -1], rnn=nn.GRU(8, 8, batch_first=True))), _tokens,
+            labels, False),
+    "prelu": (lambda s: _Head(nn.Sequential(nn.Linear(8, 8), nn.PReLU())), _features, labels, False),
+    "gpt2_tied_head_matmul": (lambda s: GPT2(s, "matmul"), ids, lambda s, b: ids(s, b, seed=4), False),
+    "nanogpt_positions_unbatched": (NanoGPT, ids, lambda s, b: ids(s, b, seed=4), False),
+    "vit_cls_token_pos_table": (ViT, images, labels, False),
+    "layer_scale_bare_parameters": (LayerScaleEncoder, ids, labels, False),
+}
+"""Idioms for the coverage table of docs/privacy.md (tests/test_privacy_zoo.py): name -> ``(model(sizes),
+inputs(sizes, batch), targets(sizes, batch), mixes)``; ``mixes``: the model mixes the samples of a batch (no
+per-sample gradient exists: refusing is the only right answer)."""

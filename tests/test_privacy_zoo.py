@@ -17,6 +17,7 @@ from torch import nn
 from clbench.privacy import UnsupportedLayerError, per_sample_grad_norms
 from clbench.privacy.tape import Tape
 from tests._transformer_zoo import (
+    COVERAGE,
     IDIOMS,
     SLIPPING,
     ZOO,
@@ -32,7 +33,7 @@ from tests._transformer_zoo import (
     sample_losses,
 )
 from tests.test_privacy_dp import per_sample_grads, private_callback
-from tests.test_privacy_norms import RTOL, ce, vmap_norms
+from tests.test_privacy_norms import RTOL, ce, loop_norms, vmap_norms
 
 pytestmark = pytest.mark.usefixtures("float64")
 
@@ -267,3 +268,69 @@ def test_bare_parameter_inside_a_sample_second_layer_is_refused():
     model[0].linear1 = nn.Sequential(model[0].linear1, Scaled())
     with pytest.raises(UnsupportedLayerError, match="no rule for .*Scaled at '0.linear1.1'.*sample-second tensors"):
         Tape(model)
+
+
+def _norms_or_refusal(model, x, y, norms) -> torch.Tensor | None:
+    try:
+        return norms(model, x, y)
+    except Exception:                     # noqa: BLE001 - any refusal (ours: UnsupportedLayerError; opacus: several)
+        return None
+
+
+def _ours(model, x, y):
+    return per_sample_grad_norms(model, ce, x, y)
+
+
+def _opacus(model, x, y):
+    from opacus import GradSampleModule
+    wrapped = GradSampleModule(model, loss_reduction="sum")
+    ce(wrapped(x), y).sum().backward()
+    grads = [p.grad_sample for p in model.parameters() if p.requires_grad]
+    if any(g is None for g in grads):
+        raise RuntimeError("a trained parameter got no per-sample gradient")
+    return torch.stack([g.flatten(1).square().sum(1) for g in grads]).sum(0).sqrt()
+
+
+def _status(name: str, norms) -> str:
+    """``exact`` (equal to the per-sample loop's norms to 1e-6), ``refused`` (raised) or ``silently wrong``; a model
+    that mixes samples has no per-sample gradient, so any number is wrong."""
+    build, inputs, targets, mixes = COVERAGE[name]
+    torch.manual_seed(0)
+    model, x, y = _randomize(build(SIZES)), inputs(SIZES, 4), targets(SIZES, 4)
+    got = _norms_or_refusal(model, x, y, norms)
+    if got is None:
+        return "refused"
+    if mixes:
+        return "silently wrong"
+    torch.manual_seed(0)
+    fresh = _randomize(build(SIZES))
+    want = loop_norms(fresh, ce, x, y)
+    return "exact" if torch.allclose(got, want, rtol=RTOL, atol=0) else "silently wrong"
+
+
+def _documented() -> dict[str, tuple[str, str]]:
+    """The coverage table of docs/privacy.md: idiom -> (clbench, opacus)."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "docs" / "privacy.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    return rows
+
+
+def test_the_coverage_zoo_has_at_least_25_idioms_and_the_docs_list_them_all():
+    assert len(COVERAGE) >= 25
+    assert set(_documented()) == set(COVERAGE)
+
+
+@pytest.mark.parametrize("name", COVERAGE)
+def test_coverage_table_in_the_docs_holds(name):
+    """Each idiom of the coverage zoo (float64, against one backward per sample): clbench's status and opacus's
+    (GradSampleModule, its per-layer samplers and functorch fallback) are the ones the table of docs/privacy.md
+    states, and clbench is never silently wrong."""
+    ours, theirs = _documented()[name]
+    assert ours != "silently wrong"
+    assert _status(name, _ours) == ours
+    assert _status(name, _opacus) == theirs
