@@ -235,9 +235,30 @@ def record_flags(record: Mapping[str, Any], root: str | Path | None = None) -> l
     return flags
 
 
+def unchecked(record: Mapping[str, Any], root: str | Path | None = None) -> tuple[str, ...]:
+    """The checks of :func:`record_flags` that could not be made on one record, said instead of left blank:
+    ``learning n/a: no per-step accuracy``, ``convergence n/a: no loss per epoch`` (neither adequacy entries nor a
+    committed training log) or ``convergence n/a: 2 epochs`` (a step's main training ran fewer than
+    :data:`MIN_EPOCHS` epochs, where ``loss_drop`` is undefined)."""
+    notes = [] if _accuracies(record) else ["learning n/a: no per-step accuracy"]
+    entries = record.get("adequacy") or []
+    if entries and any(e.get("epochs") for e in entries):
+        epochs = [e.get("epochs") or 0 for e in entries]
+    else:
+        rows = _log_rows(None if root is None else Path(root), record["run_id"])
+        epochs = [len(main_call(rows, i)) for i in sorted({r["experience"] for r in rows})]
+    if not epochs:
+        notes.append("convergence n/a: no loss per epoch")
+    short = sorted({e for e in epochs if e < MIN_EPOCHS})
+    if short:
+        notes.append(f"convergence n/a: {'/'.join(map(str, short))} epoch{'s' * (short != [1])}")
+    return tuple(notes)
+
+
 def row_flags(records: Sequence[Mapping[str, Any]], root: str | Path | None = None) -> str:
     """The flag text of one leaderboard row: per kind, the seeds flagged out of the row's finished seeds, the union
-    of their steps (0-based) and the sources, e.g. ``not learned (2/3 seeds; steps 2,4,5; test)``; "" when none."""
+    of their steps (0-based) and the sources, e.g. ``not learned (2/3 seeds; steps 2,4,5; test)``, then each check
+    that could not be made (:func:`unchecked`); "" only when both checks were made on every seed and none flags."""
     finished = [r for r in records if r.get("status") == "finished"]
     found: dict[str, list[Flag]] = {}
     for record in finished:
@@ -250,16 +271,21 @@ def row_flags(records: Sequence[Mapping[str, Any]], root: str | Path | None = No
             sources = "+".join(sorted({f.source for f in found[kind]}))
             parts.append(f"{kind} ({len(found[kind])}/{len(finished)} seeds; "
                          f"step{'s' if ',' in steps else ''} {steps}; {sources})")
+    parts += dict.fromkeys(note for record in finished for note in unchecked(record, root))
     return "; ".join(parts)
 
 
 FLAGS_LEGEND = (f"Flags (clbench/adequacy.py): `not learned` = accuracy on the data of a step just trained "
                 f"below {LEARNED}/k for its k classes at some step; `not converged` = the last fifth of a step's "
                 f"epochs still removed at least {CONVERGED:.0%} of its first epoch's loss; seeds flagged / finished, "
-                f"0-based steps, source: train (a <= {SAMPLE}-item subsample of the step's training data), test "
-                f"(R[i, i], records without adequacy), record or log (the committed training log).")
+                f"steps counted from 0 (step i trains experience i, as in R[i, j] and the plots), source: train (a <= "
+                f"{SAMPLE}-item subsample of the step's training data), test "
+                f"(R[i, i], records without adequacy), record or log (the committed training log). A check that could "
+                f"not be made is said: `convergence n/a: 2 epochs` (the rule needs {MIN_EPOCHS} epochs a step), "
+                f"`convergence n/a: no loss per epoch`, `learning n/a: no per-step accuracy`; an empty cell: both "
+                f"checks made, neither flags.")
 """The line under a table with a ``flags`` column that says what the flags mean."""
 
 
 __all__ = ["CONVERGED", "FLAGS_LEGEND", "LEARNED", "MIN_EPOCHS", "PER_CLASS", "SAMPLE", "Flag", "StepAdequacy",
-           "loss_drop", "main_call", "measure", "record_flags", "row_flags", "sample_size", "step_classes"]
+           "loss_drop", "main_call", "measure", "record_flags", "row_flags", "sample_size", "step_classes", "unchecked"]

@@ -139,3 +139,15 @@ def test_the_subsample_is_50_items_per_class_of_the_step():
     assert [e["n"] for e in record.adequacy] == [100, 100, 100]
     assert all(round(e["train_acc"] * 100, 9).is_integer() for e in record.adequacy)     # a count out of 100
     assert adequacy.sample_size(2) == 100 and adequacy.sample_size(10) == 500 and adequacy.sample_size(50) == 1000
+
+
+def test_a_check_that_could_not_be_made_is_said_not_left_blank(tmp_path):
+    """2 epochs a step: the convergence rule (3 epochs) cannot be read; no log and no adequacy: no loss at all."""
+    short = {**_record(0, [0.9, 0.9]), "adequacy": [
+        {"experience": i, "train_acc": 0.9, "n": 100, "chance": 0.5, "k": 2, "loss_first": 1.0, "loss_last": 0.5,
+         "epochs": 2, "loss_drop": None} for i in range(2)]}
+    assert adequacy.unchecked(short) == ("convergence n/a: 2 epochs",)
+    assert adequacy.row_flags([short]) == "convergence n/a: 2 epochs"
+    bare = _record(0, matrix=[[0.9, 0.0], [0.9, 0.9]], cpe=(2, 2))
+    assert adequacy.row_flags([bare], tmp_path) == "convergence n/a: no loss per epoch"
+    assert adequacy.unchecked(_record(0, [0.9, 0.9, 0.9])) == ()
