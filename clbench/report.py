@@ -15,7 +15,9 @@ curve. Files go to ``<out_dir>/plots/``:
 
 Failed records are ignored. :func:`figures` yields the figures (for inspection); :func:`plot` writes them and
 removes the PNG files of ``plots/`` it did not write (plots of rows, scenarios or metrics no longer in the records),
-so the folder always shows exactly the records it was drawn from.
+so the folder always shows exactly the records it was drawn from. It also draws each run's training curve
+(:func:`training_curves`) where it is missing, so a folder whose per-run plots were not kept (the committed
+reference folders keep only their logs) gets them back from ``training_log.jsonl``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from clbench import files  # noqa: E402
+from clbench import artifacts, files  # noqa: E402
 from clbench.leaderboard import metric_specs, row_labels  # noqa: E402
 from clbench.metrics import MetricSpec, seen_accuracy  # noqa: E402
 
@@ -312,10 +314,24 @@ def figures(records: list[dict]) -> Iterator[tuple[str, Figure]]:
             yield f"{_safe(scenario)}__params.png", _params_curves(scenario, params)
 
 
+def training_curves(records: list[dict], out_dir: str | Path) -> list[Path]:
+    """Draw ``artifacts/<run_id>/training_curve.png`` (:func:`clbench.artifacts.plot_log`) for every record whose
+    training log is there and whose curve is missing or older than the log; returns the curves drawn."""
+    drawn = []
+    for record in records:
+        folder = Path(out_dir) / "artifacts" / record["run_id"]
+        log, curve = folder / artifacts.LOG_FILE, folder / artifacts.CURVE_FILE
+        if log.exists() and (not curve.exists() or curve.stat().st_mtime < log.stat().st_mtime):
+            drawn.append(artifacts.plot_log(folder))
+    return drawn
+
+
 def plot(records: list[dict], out_dir: str | Path) -> list[Path]:
     """Write the plots of every finished record to ``<out_dir>/plots/`` (atomically; a failed write is an
     :class:`~clbench.errors.OutputError`) and delete the folder's other ``*.png`` files (stale plots of records
-    that are gone); returns the paths written."""
+    that are gone); draw the runs' missing training curves (:func:`training_curves`); returns the paths written
+    under ``plots/``."""
+    training_curves(records, out_dir)
     folder = Path(out_dir) / "plots"
     written = []
     for name, fig in figures(records):

@@ -5,6 +5,8 @@ stay fast under mutation testing; nothing is cached across tests (mutmut maps a 
 
 from __future__ import annotations
 
+import json
+import os
 from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
@@ -15,7 +17,7 @@ from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.ticker import LogLocator, NullFormatter
 from PIL import Image
 
-from clbench import report
+from clbench import artifacts, report
 from clbench.metrics import ACCURACY, MetricSpec, seen_accuracy
 
 T = 3
@@ -124,6 +126,25 @@ def test_plot_removes_png_files_of_rows_no_longer_in_the_records(tmp_path):
     assert sorted((tmp_path / "plots").glob("*.png")) == sorted(one)
     assert not (tmp_path / "plots" / "split__replay__accuracy__matrix.png").exists()
     assert (tmp_path / "plots" / "notes.txt").read_text() == "mine"
+
+
+def test_plot_draws_the_training_curves_missing_beside_the_runs_logs(tmp_path):
+    """A run folder with ``training_log.jsonl`` but no ``training_curve.png`` (the reference folders keep only the
+    logs) gets its curve back from ``plot``; a curve newer than its log is left as it is, one older is redrawn, a run
+    without a log gets none, and the curves are not among the ``plots/`` files returned. Catches ``report`` no
+    longer redrawing the curves that report.md links."""
+    logged, bare = record("split", "naive", 0, CI), record("split", "replay", 0, CI)
+    folder = tmp_path / "artifacts" / logged["run_id"]
+    folder.mkdir(parents=True)
+    (folder / artifacts.LOG_FILE).write_text(json.dumps(
+        {"member": "", "experience": 0, "epoch": 0, "step": 0, "batches": 2, "loss": 1.0, "lr": 0.1}) + "\n")
+    written = report.plot([logged, bare], tmp_path)
+    curve = folder / artifacts.CURVE_FILE
+    assert Image.open(curve).format == "PNG" and curve not in written
+    assert not (tmp_path / "artifacts" / bare["run_id"]).exists()
+    assert report.training_curves([logged], tmp_path) == []
+    os.utime(curve, (0, 0))
+    assert report.training_curves([logged], tmp_path) == [curve]
 
 
 def test_names_keep_only_file_safe_characters():
