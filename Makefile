@@ -46,11 +46,14 @@ mutation: $(STAMP)
 lists: $(STAMP)
 	$(PY) -c "from clbench.plugins import write_index; write_index()"
 
+# mkdocs 1.x prints a long notice about its successor on every build unless told not to
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs
+
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	$(MKDOCS) build --strict
 
 docs-serve: $(STAMP)
-	$(VENV)/bin/mkdocs serve
+	$(MKDOCS) serve
 
 clean-venv:
 	rm -rf $(VENV)
