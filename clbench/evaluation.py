@@ -2,7 +2,9 @@
 
 An evaluator is called after each training step ``i`` and returns row ``i`` of each of its score matrices
 (:class:`~clbench.protocol.Scores`, part of the evaluator contract); its :class:`~clbench.metrics.MetricSpec` s tell
-the runner, the leaderboard and the plots what the matrices mean.
+the runner, the leaderboard and the plots what the matrices mean. Every evaluation runs under
+``torch.inference_mode`` (no autograd bookkeeping; tensors it makes cannot enter a later backward pass, so a
+strategy's ``predict`` must not keep them for training).
 
 - :class:`AccuracyEvaluator` (classification; class-, task- and domain-incremental): ``accuracy``; also the accuracy
   on the data a step has just trained on (:meth:`AccuracyEvaluator.train_accuracy`, for
@@ -52,7 +54,7 @@ class AccuracyEvaluator:
     def __init__(self, batch_size: int = 512) -> None:
         self.batch_size = batch_size
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def __call__(self, strategy: StrategyBase, scenario: Scenario, step: int, device: torch.device) -> Scores:
         info: ClassificationInfo = scenario.info
         n_seen = info.n_seen(step)
@@ -75,7 +77,7 @@ class AccuracyEvaluator:
         return Scores({ACCURACY.name: accuracies}, sizes)
 
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def train_accuracy(self, strategy: StrategyBase, scenario: Scenario, step: int, device: torch.device,
                        experiences: list[int], sample: int, seed: int) -> tuple[float, int]:
         """Accuracy on the TRAINING data of ``experiences`` (the ones step ``step`` has just trained on), with the
@@ -119,7 +121,7 @@ class RankingEvaluator:
         self.n_items, self.k, self.batch_size = n_items, k, batch_size
         self.specs = (MetricSpec(f"ndcg@{k}", primary=True), MetricSpec(f"hit@{k}"))
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def __call__(self, strategy: StrategyBase, scenario: Scenario, step: int, device: torch.device) -> Scores:
         ndcg, hit, sizes = [], [], []
         for j, experience in enumerate(scenario.test_stream):

@@ -197,3 +197,25 @@ def test_evaluator_defaults_top_10_and_batches_of_512():
     ranking = RankingEvaluator(7)
     assert (ranking.n_items, ranking.k, ranking.batch_size) == (7, 10, 512)
     assert AccuracyEvaluator().batch_size == 512
+
+
+class InferenceModeSpy(Fixed):
+    """Fixed, and records whether each ``predict`` call ran under ``torch.inference_mode``."""
+
+    def __init__(self, logits):
+        super().__init__(logits)
+        self.modes = []
+
+    def predict(self, x, task_labels):
+        self.modes.append(torch.is_inference_mode_enabled())
+        return super().predict(x, task_labels)
+
+
+def test_evaluation_and_the_training_accuracy_run_under_inference_mode():
+    """No autograd bookkeeping in any evaluation call (``no_grad`` alone left it on)."""
+    scenario, strategy = _scenario(), InferenceModeSpy([0.1, 0.9, 5.0, 0.0])
+    scenario.evaluator(strategy, scenario, 1, CPU)
+    train = [_experience([1, 1, 0]), _experience([2, 3], task=1)]
+    scenario = protocol.Scenario(scenario.info, train, scenario.test_stream, scenario.evaluator)
+    scenario.evaluator.train_accuracy(strategy, scenario, 1, CPU, [1], 10, 0)
+    assert strategy.modes and all(strategy.modes)
