@@ -23,6 +23,7 @@ import pytest
 
 from clbench import fingerprint, records
 from clbench.records import CorruptRecord
+from tests._records import sealed
 
 
 # ------------------------------------------------------------------------------------------------------ records
@@ -32,6 +33,13 @@ def _record(**changes) -> dict:
             "spec": {"suite": "s", "scenario": {"name": "synthetic"}, "strategy": {"name": "naive"}}}
     data.update(changes)
     return {k: v for k, v in data.items() if v is not None}
+
+
+def _labelled(label: str, seed: int, status: str) -> dict:
+    """A sealed record (:func:`tests._records.sealed`) of run ``<label>__naive__s<seed>``."""
+    return sealed(_record(status=status, seed=seed, spec={"suite": "s", "scenario": {"name": "synthetic",
+                                                                                     "label": label},
+                                                          "strategy": {"name": "naive"}}))
 
 
 def _write(folder: Path, name: str, data) -> Path:
@@ -50,8 +58,9 @@ def test_a_corrupt_record_error_starts_with_its_path_and_keeps_it():
 def test_a_valid_record_reads_back_as_the_dict_written(tmp_path):
     """Every key the readers need, with the right type, passes (a check of a misspelled key, or a negated check,
     would refuse every good record); finished and failed are both statuses; '.', '+', '-', '_' may be in a run id."""
-    for status, run_id in (("finished", "syn__naive__s0"), ("failed", "a.b+c-d_e__s1")):
-        data = _record(status=status, run_id=run_id)
+    for status, label in (("finished", "syn"), ("failed", "a.b+c-d_e")):
+        data = sealed(_record(status=status, spec={"suite": "s", "scenario": {"name": "synthetic", "label": label},
+                                                   "strategy": {"name": "naive"}}))
         assert records.read(_write(tmp_path, "r.json", data)) == data
         assert records.read(str(tmp_path / "r.json")) == data                 # a str path reads too
 
@@ -116,10 +125,10 @@ def test_load_dir_returns_records_sorted_by_file_name_and_corrupt_files_by_path(
     files not named ``*.json`` are not read."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    b = _record(run_id="b__x__s0")
-    a = _record(run_id="a__x__s1", status="failed")
-    _write(runs, "b__x__s0.json", b)
-    _write(runs, "a__x__s1.json", a)
+    b = _labelled("b", 0, status="finished")
+    a = _labelled("a", 1, status="failed")
+    _write(runs, "b__naive__s0.json", b)
+    _write(runs, "a__naive__s1.json", a)
     _write(runs, "c.json", "{cut")
     _write(runs, "notes.json", {"hello": "world"})
     _write(runs, "readme.txt", "not a record")
