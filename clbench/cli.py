@@ -26,7 +26,6 @@ import warnings
 from pathlib import Path
 
 from clbench import __version__
-from clbench import records as record_files
 from clbench.errors import ConfigError, OutputError
 from clbench.plugins import PluginError, load_plugin
 from clbench.registry import COMMANDS, UnknownNameError
@@ -116,14 +115,23 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
     _configure_process(args)
     try:
         return COMMANDS.get(args.command).run(args)
-    except (ConfigError, UnknownNameError, FileNotFoundError, record_files.CorruptRecord, OutputError,
-            PluginError) as exc:
+    except Exception as exc:
+        if not isinstance(exc, _one_line_errors()):
+            raise
         # DatasetNotFound (a missing dataset, or a ChecksumMismatch) included: every run would fail the same way
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:        # Ctrl-C or SIGTERM (clbench.executors.Interrupted says what is kept)
         print(str(exc) or "interrupted: finished runs are kept; rerun the same command to resume.", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
+
+
+def _one_line_errors() -> tuple[type[Exception], ...]:
+    """The errors a command ends with as one ``error:`` line and exit code 2 (:mod:`clbench.records`, which imports
+    numpy, only once a command has failed: not for ``--help``, ``list`` or a refusal before the imports)."""
+    from clbench.records import CorruptRecord
+
+    return ConfigError, UnknownNameError, FileNotFoundError, CorruptRecord, OutputError, PluginError
 
 
 def _configure_process(args: argparse.Namespace) -> None:

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 from clbench.commands import Command
-from clbench.commands.leaderboard import write_tables
 from clbench.errors import ConfigError
 from clbench.files import LOCK_FILE, locked_folder
 from clbench.preflight import check_file_size_limit, check_gpu_present
@@ -114,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_suite(args: argparse.Namespace, suite, specs, out: Path) -> int:
     import torch
 
+    from clbench.commands.leaderboard import write_tables  # records: numpy, not for `run --help`
     from clbench.executors import EXECUTORS, plan
     from clbench.preflight import preflight
 
