@@ -24,11 +24,6 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from avalanche.benchmarks.scenarios import benchmark_from_datasets, with_classes_timeline, with_task_labels
-from avalanche.benchmarks.utils.classification_dataset import _make_taskaware_tensor_classification_dataset
-from continuum import ClassIncremental
-from continuum.datasets import InMemoryDataset
-from continuum.tasks import TaskType
 from torch import Tensor
 
 from clbench.evaluation import AccuracyEvaluator
@@ -153,6 +148,10 @@ def increments_for(n_classes: int, n_experiences: int, initial: int = 0) -> list
 
 def _split(x: Tensor, y: Tensor, increments: Sequence[int], class_order: Sequence[int]):
     """continuum's class-incremental split: list of ``(x_t, y_t)`` with labels renumbered by the class order."""
+    from continuum import ClassIncremental  # continuum and Avalanche: when data are split, not when a suite
+    from continuum.datasets import InMemoryDataset  # file is parsed (1.7 + 8.5 s, issue 53)
+    from continuum.tasks import TaskType
+
     dataset = InMemoryDataset(x.numpy(), y.numpy().astype(np.int64), data_type=TaskType.TENSOR)
     split = ClassIncremental(dataset, increment=list(increments), class_order=list(class_order))
     out = []
@@ -165,6 +164,8 @@ def _split(x: Tensor, y: Tensor, increments: Sequence[int], class_order: Sequenc
 def experience_dataset(x: Tensor, y: Tensor, task: int, train_transform: Transform, eval_transform: Transform,
                        train: bool):
     """An Avalanche classification dataset over tensors with ``train``/``eval`` transform groups."""
+    from avalanche.benchmarks.utils.classification_dataset import _make_taskaware_tensor_classification_dataset
+
     return _make_taskaware_tensor_classification_dataset(
         x, y, transform_groups={"train": (train_transform, None), "eval": (eval_transform, None)},
         initial_transform_group="train" if train else "eval",
@@ -197,6 +198,8 @@ def class_incremental(info: ClassificationInfo, x_train: Tensor, y_train: Tensor
 
 def wrap_benchmark(info: ClassificationInfo, train: list, test: list) -> Scenario:
     """Avalanche benchmark from per-experience datasets, with the attributes Avalanche's strategies expect."""
+    from avalanche.benchmarks.scenarios import benchmark_from_datasets, with_classes_timeline, with_task_labels
+
     benchmark = with_task_labels(with_classes_timeline(benchmark_from_datasets(train=train, test=test)))
     benchmark.n_classes = info.n_classes
     benchmark.n_classes_per_exp = list(info.classes_per_experience)
