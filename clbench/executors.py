@@ -18,10 +18,13 @@ scenario, strategy, resolved hyperparameters and seed) and the same code fingerp
 the source of the strategy, the scenario and the core they use) is skipped. Runs that are new, failed, made with
 another configuration, made by other code or whose record is unreadable are run again; one line on stderr says how
 many of each (``resuming: 10 of 12 runs already finished in results/quick; running 2: 2 made by other code``).
-``force=True`` (``--force``) runs everything again. Records are written atomically as each run ends, so an
-interrupted suite loses only the runs in progress: Ctrl-C or SIGTERM cancels the pending runs, stops the running
-ones and keeps every finished record (:class:`Interrupted`: one line saying so and how to resume); the same command
-resumes. Worker processes die with the driver, however it ends (:func:`clbench.workers.die_with_parent`).
+``force=True`` (``--force``) runs everything again. What a run to be run again wrote before (record, artifacts, state)
+is moved to ``<out>/replaced/<stamp>__<run_id>/`` first, one line on stderr each (:mod:`clbench.replaced`); an
+output folder whose ``runs/``, ``artifacts/``, ``state/`` or ``replaced/`` is a link is refused before any run.
+Records are written atomically as each run ends, so an interrupted suite loses only the runs in progress: Ctrl-C or
+SIGTERM cancels the pending runs, stops the running ones and keeps every finished record (:class:`Interrupted`: one
+line saying so and how to resume); the same command resumes. Worker processes die with the driver, however it ends
+(:func:`clbench.workers.die_with_parent`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from clbench import fingerprint, progress, tasks
+from clbench import fingerprint, progress, replaced, tasks
 from clbench import records as record_files
 from clbench.callbacks import CALLBACKS
 from clbench.config import config_hash
@@ -98,6 +101,7 @@ def pending(specs: Iterable[RunSpec], out_dir: str | Path, force: bool = False) 
                           f"{other[0].suite!r} ({len(other)} such record(s) in {Path(out_dir) / 'runs'}), and this "
                           f"suite would replace it: pass another --out (one folder per suite), or move those "
                           f"records away first.")
+    replaced.refuse_links(out_dir)
     done = sum(v == "done" for v in status.values())
     if force:
         if any(v != "new" for v in status.values()):
@@ -110,6 +114,17 @@ def pending(specs: Iterable[RunSpec], out_dir: str | Path, force: bool = False) 
         print(f"resuming: {done} of {len(specs)} runs already finished in {out_dir}"
               + (f"; running {len(todo)}: {rerun}" if todo else ""), file=sys.stderr)
     return todo
+
+
+def set_aside(todo: Iterable[RunSpec], out_dir: str | Path) -> None:
+    """Before the runs of ``todo`` start, move what each wrote before in ``out_dir`` (record, artifacts, state) to
+    ``<out_dir>/replaced/`` (:func:`clbench.replaced.set_aside`), one line on stderr per run saying what and where.
+    Done by the driver, so that the Ray executor (whose workers may see another filesystem, and whose records the
+    driver writes) keeps them too."""
+    for spec in todo:
+        kept = replaced.set_aside(out_dir, spec.run_id)
+        if kept is not None:
+            print(kept.line(), file=sys.stderr)
 
 
 def available_cores() -> int:
@@ -242,6 +257,7 @@ class LocalExecutor:
 
     def run_all(self, specs: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
         todo = pending(specs, out_dir, self.force)
+        set_aside(todo, out_dir)
         if min(self.jobs, len(todo)) <= 1:
             return self._in_process(todo, out_dir)
         return self._in_workers(todo, out_dir)
@@ -317,6 +333,7 @@ class RayExecutor:
 
     def run_all(self, specs: list[RunSpec], out_dir: str | Path) -> list[RunRecord]:
         todo = pending(specs, out_dir, self.force)
+        set_aside(todo, out_dir)
         setup = WorkerSetup.here(todo, self.threads, self.shard_workers)
         futures = {self.remote.remote(spec.to_dict(), str(out_dir), setup): spec for spec in todo}
         records: list[RunRecord] = []

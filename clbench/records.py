@@ -267,16 +267,7 @@ def state_dir(record_path: str | Path, record: dict) -> Path:
                                         f"of a strategy with save_state, such as taft_shards, model_soup and sisa, "
                                         f"have one)")
     folder = Path(record_path).resolve().parent.parent / stored
-    try:
-        owner = json.loads((folder / OWNER_FILE).read_text())
-    except (OSError, ValueError):
-        owner = None
-    if not isinstance(owner, dict) or any(owner.get(k) != record.get(k) for k in OWNER_KEYS):
-        found = "is missing" if not folder.is_dir() else "was written by another run" if isinstance(owner, dict) \
-            else f"has no readable {OWNER_FILE} (saved before states were marked)"
-        raise ForeignState(record_path, f"its saved state {folder} {found}; run it again (--force) to save its "
-                                        f"own state")
-    saved, now = owner.get("files"), _file_hashes(folder)
+    saved, now = _owner(record_path, record, folder, "state").get("files"), _file_hashes(folder)
     if saved != now:
         known = saved if isinstance(saved, dict) else {}
         changed = sorted(f for f in set(known) | set(now) if known.get(f) != now.get(f))
@@ -285,3 +276,39 @@ def state_dir(record_path: str | Path, record: dict) -> Path:
         raise ForeignState(record_path, f"its saved state {folder}: {what}; run it again (--force) to save its own "
                                         f"state")
     return folder
+
+
+def artifact(record_path: str | Path, record: dict, name: str) -> Path:
+    """The file ``name`` of the artifacts folder ``<results>/artifacts/<run_id>/`` of the record read from
+    ``record_path``, checked to be the one its run wrote: the folder's owner file (written by
+    :func:`clbench.runner.run` when the run ended) names the record and holds the file's sha256. Raises
+    :class:`ForeignState` (e.g. a ``model.pt`` an earlier run left, or one copied in since)."""
+    folder = Path(record_path).resolve().parent.parent / "artifacts" / record["run_id"]
+    owner = _owner(record_path, record, folder, "artifacts")
+    path = folder / name
+    saved = owner.get("files") if isinstance(owner.get("files"), dict) else {}
+    if name not in saved or not path.is_file() or saved[name] != hashlib.sha256(path.read_bytes()).hexdigest():
+        why = "changed since" if name in saved else "that run wrote none"
+        raise ForeignState(record_path, f"{path} is not the file its run wrote ({why}); run it again (--force) to "
+                                        f"write its own")
+    return path
+
+
+OWNED = {"state": ("saved state", "states", "save its own state"),
+         "artifacts": ("artifacts folder", "artifacts", "write its own")}
+"""The folders that carry an owner file -> how a refusal names the folder, what was once not marked, what to do."""
+
+
+def _owner(record_path: str | Path, record: dict, folder: Path, kind: str) -> dict:
+    """The owner file of ``folder`` (:func:`write_owner`; ``kind``: a key of :data:`OWNED`), checked to name the record
+    read from ``record_path`` (:data:`OWNER_KEYS`); raises :class:`ForeignState`."""
+    what, marked, own = OWNED[kind]
+    try:
+        owner = json.loads((folder / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        owner = None
+    if not isinstance(owner, dict) or any(owner.get(k) != record.get(k) for k in OWNER_KEYS):
+        found = "is missing" if not folder.is_dir() else "was written by another run" if isinstance(owner, dict) \
+            else f"has no readable {OWNER_FILE} (saved before {marked} were marked)"
+        raise ForeignState(record_path, f"its {what} {folder} {found}; run it again (--force) to {own}")
+    return owner

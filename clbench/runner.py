@@ -19,7 +19,9 @@ The runner calls the strategy's optional hooks (defaults in :class:`~clbench.pro
 ``extra_metrics()`` (recorded under ``metrics.extra`` and shown in the leaderboard) and ``save_state(directory)``
 (after the last step, with ``<out>/state/<run_id>/``, e.g. for unlearning afterwards; the record stores that
 folder relative to ``<out>`` and the folder an owner file, :func:`clbench.records.state_dir`). Callbacks write
-under ``<out>/artifacts/<run_id>/``. A record holds no absolute path: a copied results folder is self-contained.
+under ``<out>/artifacts/<run_id>/`` (marked with an owner file too when the run ends). A record holds no absolute
+path: a copied results folder is self-contained. What a run wrote before is moved to ``<out>/replaced/`` first
+(:mod:`clbench.replaced`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import dataclasses
 import json
 import math
 import random
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -38,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clbench import adequacy, files, metrics, progress
+from clbench import adequacy, files, metrics, progress, replaced
 from clbench import records as record_files
 from clbench.callbacks import CallbackContext, CallbackSpec, Evaluation
 from clbench.config import config_hash, with_scenario_paths
@@ -174,8 +177,16 @@ def execute(spec: RunSpec, out_dir: str | Path | None = None) -> RunRecord:
 
 def run(spec: RunSpec, out_dir: str | Path) -> RunRecord:
     """:func:`execute` with ``out_dir``, then write the record to ``<out_dir>/runs/<run_id>.json`` (finished
-    records of other runs stay whatever happens to this one)."""
+    records of other runs stay whatever happens to this one). What the run wrote there before (record, artifacts,
+    state) is first moved to ``<out_dir>/replaced/`` (:func:`clbench.replaced.set_aside`; one line on stderr says
+    so), and a results folder whose ``runs/``, ``artifacts/``, ``state/`` or ``replaced/`` is a link is refused."""
+    kept = replaced.set_aside(out_dir, spec.run_id)
+    if kept is not None:
+        print(kept.line(), file=sys.stderr)
     record = execute(spec, out_dir)
+    artifacts = Path(out_dir) / "artifacts" / spec.run_id
+    if artifacts.is_dir():                      # its files tied to this record (clbench.snapshots.load_snapshot)
+        record_files.write_owner(artifacts, record)
     record.write(record_path(out_dir, spec.run_id))
     return record
 

@@ -247,3 +247,32 @@ def test_a_record_of_another_suite_is_refused_before_any_run_even_with_force(tmp
                                    f"folder per suite), or move those records away first.")
     assert path.read_text() == before
     assert executors.record_status(spec, tmp_path) == "suite"
+
+
+def test_a_rerun_with_another_configuration_keeps_the_earlier_outputs_aside_and_writes_through_no_link(tmp_path,
+                                                                                                        capsys):
+    """The suite run again with another learning rate: the earlier record (still readable, its own identity) and
+    its artifacts are moved to ``replaced/<stamp>__<run>/`` before the run, one stderr line says so; the run's
+    ``artifacts/<run>`` made a link to a folder outside is moved as a link, and that folder keeps its files."""
+    import json
+
+    from clbench import records
+
+    (before,) = LocalExecutor().run_all(_specs(["naive"]), tmp_path / "o")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "training_log.jsonl").write_text("precious")
+    artifacts = tmp_path / "o" / "artifacts" / before.run_id
+    artifacts.rename(tmp_path / "o" / "old_artifacts")
+    os.symlink(outside, artifacts)
+    capsys.readouterr()
+    (after,) = LocalExecutor().run_all(_specs([{"name": "naive", "args": {"lr": 0.002}}]), tmp_path / "o")
+    (kept,) = (tmp_path / "o" / "replaced").iterdir()
+    err = capsys.readouterr().err
+    assert f"replacing {before.run_id}: its earlier record, artifacts kept in {kept}\n" in err
+    old = records.read(kept / "runs" / f"{before.run_id}.json")
+    assert old["identity_hash"] == before.identity_hash != after.identity_hash
+    assert (kept / "artifacts" / before.run_id).is_symlink()
+    assert os.listdir(outside) == ["training_log.jsonl"] and (outside / "training_log.jsonl").read_text() == "precious"
+    assert not artifacts.is_symlink() and (artifacts / "training_log.jsonl").exists()
+    assert json.loads(record_path(tmp_path / "o", after.run_id).read_text())["identity_hash"] == after.identity_hash

@@ -115,6 +115,40 @@ def test_every_refusal_of_a_saved_state_word_for_word(tmp_path):
                                f"(replaced, added or removed); {again}")
 
 
+def test_an_artifact_is_returned_only_as_the_file_its_run_wrote_word_for_word(tmp_path):
+    """``artifact``: the folder ``artifacts/<run_id>`` beside ``runs/`` missing; no owner file; another run's owner;
+    the file not among those the run wrote; the file changed since: each a ForeignState starting with the record's
+    path; otherwise the file's path (other files of the folder may change: a redrawn plot)."""
+    path, _, record = _state(tmp_path)
+    folder = tmp_path.resolve() / "artifacts" / "r"
+    again = "run it again (--force) to write its own"
+
+    def refusal() -> str:
+        with pytest.raises(record_files.ForeignState) as info:
+            record_files.artifact(path, record, "model.pt")
+        assert str(info.value).startswith(f"{path}: ")
+        return str(info.value).removeprefix(f"{path}: ")
+
+    assert refusal() == f"its artifacts folder {folder} is missing; {again}"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"M")
+    assert refusal() == (f"its artifacts folder {folder} has no readable owner.json (saved before artifacts were "
+                         f"marked); {again}")
+    record_files.write_owner(folder, types.SimpleNamespace(**{**record, "started": "t1"}))
+    assert refusal() == f"its artifacts folder {folder} was written by another run; {again}"
+    (folder / "model.pt").unlink()
+    record_files.write_owner(folder, types.SimpleNamespace(**record))
+    (folder / "model.pt").write_bytes(b"M")
+    assert refusal() == f"{folder / 'model.pt'} is not the file its run wrote (that run wrote none); {again}"
+    record_files.write_owner(folder, types.SimpleNamespace(**record))
+    (folder / "curve.png").write_bytes(b"redrawn")
+    assert record_files.artifact(path, record, "model.pt") == folder / "model.pt"
+    (folder / "model.pt").write_bytes(b"N")
+    assert refusal() == f"{folder / 'model.pt'} is not the file its run wrote (changed since); {again}"
+    (folder / "model.pt").unlink()
+    assert refusal() == f"{folder / 'model.pt'} is not the file its run wrote (changed since); {again}"
+
+
 # ------------------------------------------------------------------------------------------------ code fingerprint
 def test_installed_code_is_the_standard_library_and_any_site_or_dist_packages_folder(tmp_path):
     """The standard library (under an installed root, its path without "site-packages") and any file below a

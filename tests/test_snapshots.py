@@ -68,3 +68,30 @@ def test_it_needs_an_output_folder():
     record = api.run("synthetic", "naive", preset="cpu", args={"epochs": 1}, device="cpu",
                      scenario_args={"train_per_class": 5, "test_per_class": 2}, callbacks=["model_snapshot"])
     assert record.status == "failed" and "model_snapshot: this run has no output folder" in record.reason
+
+
+def test_a_run_redone_without_the_callback_returns_no_snapshot_and_the_earlier_one_stays_readable(tmp_path):
+    """The run made again with another lr and no model_snapshot: its artifacts hold no model.pt (the earlier one
+    moved with its record to replaced/, where it still loads with that record); an earlier snapshot copied back in
+    is refused as not the file the new run wrote, and so is a snapshot whose record is gone."""
+    from clbench.records import ForeignState
+
+    small = {"train_per_class": 5, "test_per_class": 2}
+    first = api.run("synthetic", "naive", preset="cpu", args={"epochs": 1}, device="cpu", scenario_args=small,
+                    callbacks=["model_snapshot"], out=tmp_path)
+    second = api.run("synthetic", "naive", preset="cpu", args={"epochs": 1, "lr": 0.002}, device="cpu",
+                     scenario_args=small, out=tmp_path)
+    assert first.status == second.status == "finished" and first.run_id == second.run_id
+    artifacts = tmp_path / "artifacts" / second.run_id
+    with pytest.raises(FileNotFoundError, match="no model snapshot"):
+        load_snapshot(artifacts)
+    (kept,) = (tmp_path / "replaced").iterdir()
+    old = kept / "artifacts" / first.run_id
+    assert set(load_snapshot(old)) == {"model"}
+    (artifacts / SNAPSHOT_FILE).write_bytes((old / SNAPSHOT_FILE).read_bytes())
+    with pytest.raises(ForeignState, match=f"{artifacts / SNAPSHOT_FILE} is not the file its run wrote \\(that run "
+                                           "wrote none\\); run it again"):
+        load_snapshot(artifacts)
+    (kept / "runs" / f"{first.run_id}.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no record .* of the run that wrote it"):
+        load_snapshot(old)
