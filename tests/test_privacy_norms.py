@@ -12,6 +12,7 @@ from torch.func import functional_call, grad, vmap
 
 from clbench.models.vit import vit
 from clbench.privacy import UnsupportedLayerError, per_sample_grad_norms
+from clbench.privacy.rules import Outer
 from clbench.protocol import ClassificationInfo
 from clbench.tangent import linearize
 
@@ -88,13 +89,30 @@ def test_linear_on_vectors():
     check(model, torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g))
 
 
-@pytest.mark.parametrize("t", [3, 20], ids=["gram", "per-sample-matrix"])
+@pytest.mark.parametrize("t", [2, 20], ids=["gram", "per-sample-matrix"])
 def test_linear_on_sequences_both_branches(t):
     x, y = seq_data(t=t)
     layer = nn.Linear(6, 5)
-    branch_gram = 2 * t * t < 5 * 6
-    assert branch_gram == (t == 3)
+    assert Outer(x, torch.zeros(5, t, 5)).formed == (t == 20)          # d·p = 30 ≤ T(d + p) = 11 T
     check(Seq(layer, 5), x, y)
+
+
+@pytest.mark.parametrize(("t", "d", "p", "groups", "formed"), [
+    (1, 6, 5, 1, False), (2, 6, 5, 1, False), (20, 6, 5, 1, True), (4, 36, 8, 2, False), (9, 18, 3, 2, True)],
+    ids=["vectors", "gram", "matrices", "grouped_gram", "grouped_matrices"])
+def test_outer_forms_give_the_per_sample_matrices_norms_and_weighted_sum(t, d, p, groups, formed):
+    """Each form of Outer (T = 1, Gram, per-sample matrices kept for the weighted sum; one or two blocks per sample)
+    against the per-sample matrices G_iᵀA_i formed explicitly, with unequal weights."""
+    g = torch.Generator().manual_seed(4)
+    batch = 5
+    a, grad = torch.randn(batch * groups, t, d, generator=g), torch.randn(batch * groups, t, p, generator=g)
+    w = torch.rand(batch, generator=g)
+    outer = Outer(a, grad, groups)
+    assert outer.formed == formed
+    blocks = torch.einsum("ntp,ntd->npd", grad, a).view(batch, groups, p, d)
+    torch.testing.assert_close(outer.sq_norms(), blocks.square().sum((1, 2, 3)), rtol=RTOL, atol=0)
+    torch.testing.assert_close(outer.weighted(w), torch.einsum("b,bjpd->jpd", w, blocks).reshape(groups * p, d),
+                               rtol=RTOL, atol=1e-12)
 
 
 def test_linear_called_twice_includes_the_cross_term():
@@ -121,8 +139,9 @@ def test_conv2d_patch_embedding_and_overlapping_conv():
 @pytest.mark.parametrize("conv", [
     lambda: nn.Conv2d(4, 6, 3, padding=1, groups=2), lambda: nn.Conv2d(4, 4, 3, groups=4, dilation=2),
     lambda: nn.Conv2d(4, 6, (3, 2), padding="same", padding_mode="reflect"),
-    lambda: nn.Conv2d(4, 6, 3, padding=2, padding_mode="circular", bias=False)],
-    ids=["grouped", "depthwise_dilated", "same_reflect", "circular_no_bias"])
+    lambda: nn.Conv2d(4, 6, 3, padding=2, padding_mode="circular", bias=False),
+    lambda: nn.Conv2d(4, 16, 5, stride=2, groups=2)],
+    ids=["grouped", "depthwise_dilated", "same_reflect", "circular_no_bias", "grouped_gram"])
 def test_conv2d_groups_dilation_and_padding_modes(conv):
     """Grouped and depthwise convolutions (the rows of each channel group), dilation, padding given as 'same' and
     every padding mode, followed by a GroupNorm on the (B, C, H, W) output."""

@@ -7,7 +7,7 @@ Shapes: tokens ``x: (B, T, d)``; ``G`` the gradient of the module's output; ``s`
 
 - :class:`~clbench.petl.modules.LoRA`: ``Δy_t = s B_t A_t x`` on the rows of target ``t``; with ``h_t = A_t x`` and
   ``G_t = s G[..., rows_t]``: ``∇B_t = G_tᵀ h_t`` and ``∇A_t = (G_t B_t)ᵀ x``, each a linear layer on the ``T``
-  tokens (:func:`~clbench.privacy.rules.matmul_sq_norms`); ``A`` and ``B`` stack the targets' blocks by rows.
+  tokens (:class:`~clbench.privacy.rules.Outer`); ``A`` and ``B`` stack the targets' blocks by rows.
 - :class:`~clbench.petl.modules.MultiHeadAdapter`: per head ``i``, ``u = x W_down^(i) + b_down^(i)``,
   ``Δz = s (relu(u) W_up^(i) + b_up^(i))``: ``∇W_up^(i) = relu(u)ᵀ (s G_i)``, ``∇b_up^(i) = Σ_t s G_{i,t}``, and with
   ``Ĝ = (s G_i W_up^(i)ᵀ) ⊙ 1[u > 0]``: ``∇W_down^(i) = xᵀ Ĝ``, ``∇b_down^(i) = Σ_t Ĝ_t``.

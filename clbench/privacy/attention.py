@@ -11,7 +11,7 @@ Shapes: query ``x_q: (T, B, E)``, key/value ``x_k, x_v: (S, B, ·)``; ``q = x_q 
 (``W_q; W_k; W_v`` are the row blocks of ``in_proj_weight``, or ``q/k/v_proj_weight`` when ``kdim``/``vdim``
 differ from ``E``); per head ``h`` ``O_h = softmax(q_h k_hᵀ/√d_h + M) v_h`` (``M``: masks; optional ``bias_k``,
 ``bias_v`` appended to ``k``, ``v`` as one more key position and a zero position with ``add_zero_attn``); output
-``y = O W_oᵀ + b_o``. Each projection is a linear layer on the tokens (:func:`~clbench.privacy.rules.matmul_sq_norms`)::
+``y = O W_oᵀ + b_o``. Each projection is a linear layer on the tokens (:class:`~clbench.privacy.rules.Outer`)::
 
     ∇W_{q,i} = G_{q,i}ᵀ X_{q,i}     ∇b_{q,i} = Σ_t G_{q,i,t}    (k, v, and W_o on O, likewise)
     ∇bias_k,i = G_{k,i,S}            (the gradient of the appended key position)

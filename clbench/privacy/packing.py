@@ -18,7 +18,7 @@ each sample's gradient from that sample's rows only. For ``y_r = W a_r`` on rows
     ‖∇W_i‖² = Σ_{r, r': s(r) = s(r') = i} ⟨a_r, a_r'⟩ ⟨g_r, g_r'⟩          (the ghost Gram within sample i's rows)
 
 computed per group of samples with the same number of rows (no padding), or through per-sample matrices when a
-sample has many rows (the same choice as :func:`~clbench.privacy.rules.matmul_sq_norms`); the weighted sum
+sample has many rows (the same choice as :class:`~clbench.privacy.rules.Outer`); the weighted sum
 ``Σ_i w_i ∇W_i = Σ_r w_{s(r)} g_r a_rᵀ`` is one GEMM over the ``N`` rows. Rows of one sample need not be adjacent.
 """
 

@@ -6,14 +6,15 @@ per-sample gradients (ghost clipping; Li et al. 2022, Bu et al. 2023; phantom cl
 Shapes: sample ``i`` of a batch of ``B``; a layer applied at ``T`` positions (tokens, patches; ``T = 1`` for a
 plain vector) has ``A_i ∈ R^{T×d}`` and ``G_i ∈ R^{T×p}``. For ``y = W a + b``::
 
-    ∇W_i = G_iᵀ A_i                     ‖∇W_i‖² = Σ_{t,t'} (A_iA_iᵀ)_{tt'} (G_iG_iᵀ)_{tt'}   (Gram form, 2T² < p·d)
-                                                = ‖G_iᵀ A_i‖²                            (otherwise)
-                                                = ‖a_i‖² ‖g_i‖²                          (T = 1)
+    ∇W_i = G_iᵀ A_i                     ‖∇W_i‖² = ‖a_i‖² ‖g_i‖²                          (T = 1)
+                                                = ‖G_iᵀ A_i‖²                            (d·p ≤ T(d+p))
+                                                = Σ_{t,t'} (A_iA_iᵀ)_{tt'} (G_iG_iᵀ)_{tt'}   (Gram form, otherwise)
     ∇b_i = Σ_t G_{i,t}                  ‖∇b_i‖² = ‖Σ_t G_{i,t}‖²
 
-and the book-kept weighted sum ``Σ_i w_i ∇W_i = (w ⊙ G)ᵀ A`` is one GEMM over the ``B·T`` rows. A module called
-several times in one forward (weight sharing) contributes ``Σ_calls G_cᵀ A_c`` — the calls are concatenated along
-``T``, so the cross terms between calls are included.
+and the book-kept weighted sum ``Σ_i w_i ∇W_i`` is ``Σ_i w_i M_i`` of the per-sample matrices ``M_i = G_iᵀA_i``
+when they were formed for the norms, else ``(w ⊙ G)ᵀ A``, one GEMM over the ``B·T`` rows (:class:`Outer`). A module
+called several times in one forward (weight sharing) contributes ``Σ_calls G_cᵀ A_c`` — the calls are concatenated
+along ``T``, so the cross terms between calls are included.
 
 :data:`RULES` maps a module TYPE (exact, not subclasses: a subclass may compute something else) to its rule;
 :func:`register_rule` adds one. A module type that owns trainable parameters and has no rule is refused by
@@ -38,7 +39,7 @@ from clbench.privacy.packing import ROWS
 if TYPE_CHECKING:
     from timm.models.vision_transformer import VisionTransformer
 
-GRAM_CHUNK = 64          # samples per chunk when per-sample layer gradients are formed (the non-Gram branch)
+GRAM_CHUNK = 64          # samples per chunk when two uses' per-sample matrices are formed (clbench.privacy.tied)
 
 REPLAYING: ContextVar[bool] = ContextVar("clbench_privacy_replaying", default=False)
 """True while :mod:`clbench.privacy.fallback` re-runs a module's forward per sample: the tape's hooks record
@@ -170,23 +171,57 @@ def sequences(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
     return join([as_sequence(c.saved[0]) for c in calls]), join([as_sequence(c.grad) for c in calls])
 
 
-def matmul_sq_norms(a: Tensor, g: Tensor) -> Tensor:
-    """``‖G_iᵀ A_i‖²_F`` for ``A: (B, T, d)``, ``G: (B, T, p)`` -> ``(B,)``: ``‖a‖²‖g‖²`` at ``T = 1``, the Gram
-    form ``Σ (AAᵀ) ⊙ (GGᵀ)`` when ``2T² < p·d``, else per-sample ``G_iᵀA_i`` in chunks of :data:`GRAM_CHUNK`."""
-    t, d, p = a.shape[1], a.shape[2], g.shape[2]
-    if t == 1:
-        return a.square().sum((1, 2)) * g.square().sum((1, 2))
-    if 2 * t * t < p * d:
-        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
-    return torch.cat([torch.bmm(gc.transpose(1, 2), ac).square().sum((1, 2))
-                      for ac, gc in zip(a.split(GRAM_CHUNK), g.split(GRAM_CHUNK))])
+class Outer:
+    """Per-sample gradients ``∇W_i = G_iᵀ A_i`` of a weight applied at ``T`` positions, from ``A: (n, T, d)`` and
+    ``G: (n, T, p)`` with ``n = B·groups``: a block-diagonal weight of ``groups`` blocks ``(p, d)`` (a Conv's channel
+    groups; 1 for a Linear), block ``j`` of sample ``i`` at row ``i·groups + j``. The cheaper exact form is chosen
+    once, and both results come from it::
 
+        T = 1           ‖∇W_i‖² = ‖a_i‖² ‖g_i‖²                      Σ_i w_i ∇W_i: one GEMM over the B rows
+        d·p ≤ T(d+p)    M_i = G_iᵀ A_i formed (B·T·d·p multiply-adds) ‖M_i‖²,  Σ_i w_i M_i (B·d·p)
+        otherwise       ‖∇W_i‖² = Σ (A_iA_iᵀ) ⊙ (G_iG_iᵀ)  (Gram: B·T²(d+p) < B·T·d·p)
+                        Σ_i w_i ∇W_i = (w ⊙ G)ᵀ A: one GEMM over the B·T rows
 
-def matmul_weighted(a: Tensor, g: Tensor, w: Tensor) -> Tensor:
-    """``Σ_i w_i G_iᵀ A_i: (p, d)``, one GEMM over the ``B·T`` rows (the narrower operand scaled by ``w``)."""
-    if g.shape[-1] > a.shape[-1]:
-        return g.flatten(0, 1).t() @ (a * w[:, None, None]).flatten(0, 1)
-    return (g * w[:, None, None]).flatten(0, 1).t() @ a.flatten(0, 1)
+    The per-sample matrices (``n·p·d`` numbers) are formed only when they are no larger than ``A`` and ``G``
+    (``n·T·(d+p)``), at the first result asked for, and kept for the other; the Gram matrices (``n·T²``) only when
+    ``T < d·p/(d+p) ≤ min(d, p)``, smaller still."""
+
+    def __init__(self, a: Tensor, g: Tensor, groups: int = 1) -> None:
+        self.a, self.g, self.groups = a, g, groups
+        t, d, p = a.shape[1], a.shape[2], g.shape[2]
+        self.formed = t > 1 and d * p <= t * (d + p)
+        self._matrices: Tensor | None = None
+
+    def matrices(self) -> Tensor:
+        """``M_i = G_iᵀ A_i: (n, p, d)``, formed once."""
+        if self._matrices is None:
+            self._matrices = torch.bmm(self.g.transpose(1, 2), self.a)
+        return self._matrices
+
+    def sq_norms(self) -> Tensor:
+        """``‖∇W_i‖²: (B,)`` (the blocks of sample ``i`` summed)."""
+        a, g = self.a, self.g
+        if self.formed:
+            total = sq(self.matrices())
+        elif a.shape[1] == 1:
+            total = sq(a) * sq(g)
+        else:
+            total = torch.linalg.vecdot(torch.bmm(a, a.transpose(1, 2)).flatten(1),
+                                        torch.bmm(g, g.transpose(1, 2)).flatten(1))
+        return total.view(-1, self.groups).sum(1)
+
+    def weighted(self, w: Tensor) -> Tensor:
+        """``Σ_i w_i ∇W_i: (groups·p, d)`` for ``w: (B,)`` (the blocks stacked by rows)."""
+        a, g, groups = self.a, self.g, self.groups
+        if self.formed:
+            return torch.tensordot(w, self.matrices().view(len(w), -1, a.shape[-1]), dims=([0], [0]))
+        if groups > 1:
+            n, t = a.shape[:2]
+            return torch.einsum("bjtp,bjtd->jpd", (g * w.repeat_interleave(groups)[:, None, None]).view(
+                -1, groups, t, g.shape[-1]), a.view(-1, groups, t, a.shape[-1])).flatten(0, 1)
+        if g.shape[-1] > a.shape[-1]:
+            return g.flatten(0, 1).t() @ (a * w[:, None, None]).flatten(0, 1)
+        return (g * w[:, None, None]).flatten(0, 1).t() @ a.flatten(0, 1)
 
 
 @dataclass
@@ -237,10 +272,10 @@ def rows(parts: list[tuple[Tensor, Tensor, Tensor | None]], batch: int) -> Rows:
 
 def rows_sq_norms(r: Rows) -> Tensor:
     """``‖Σ_{r of i} g_r a_rᵀ‖²: (B,)``, group by group of samples with equal row counts
-    (:func:`matmul_sq_norms`: the Gram within each sample's rows, or its per-sample matrices)."""
+    (:class:`Outer`: the Gram within each sample's rows, or its per-sample matrices)."""
     out = r.g.new_zeros(r.batch)
     for samples, a, g in r.groups():
-        out[samples] = matmul_sq_norms(a, g)
+        out[samples] = Outer(a, g).sq_norms()
     return out
 
 
@@ -262,8 +297,8 @@ def elementwise(x: Tensor, g: Tensor) -> Tensor:
 
 
 def sq(v: Tensor) -> Tensor:
-    """``‖v_i‖²`` of per-sample vectors ``(B, ...)`` -> ``(B,)``."""
-    return v.flatten(1).square().sum(1)
+    """``‖v_i‖²`` of per-sample vectors ``(B, ...)`` -> ``(B,)`` (one reduction, no squared copy)."""
+    return torch.linalg.vector_norm(v.flatten(1), dim=1).square()
 
 
 def weighted_sum(v: Tensor, w: Tensor) -> Tensor:
@@ -293,34 +328,32 @@ def affine_rule(operands: Operands = sequences, capture: Callable = _affine_capt
     """A rule for ``y = W a + b`` with ``W: (p, ...)``; ``operands(module, calls) -> (A: (B, T, d), G: (B, T, p))``
     (default: the saved inputs and the output gradients of the calls, joined along ``T``; calls on packed rows:
     :class:`Rows`, and the rule accepts them)."""
-    def sq_norms(module: nn.Module, ops: tuple[Tensor, Tensor] | Rows) -> Tensor:
+    def sq_norms(module: nn.Module, ops: Outer | Rows) -> Tensor:
         params = own(module)
         if isinstance(ops, Rows):
             total = rows_sq_norms(ops) if "weight" in params else ops.g.new_zeros(ops.batch)
             return total + sq(ops.summed()) if "bias" in params else total
-        a, g = ops
-        total = matmul_sq_norms(a, g) if "weight" in params else g.new_zeros(len(g))
-        return total + sq(summed(g)) if "bias" in params else total
+        total = ops.sq_norms() if "weight" in params else ops.g.new_zeros(len(ops.g))
+        return total + sq(summed(ops.g)) if "bias" in params else total
 
-    def weighted(module: nn.Module, ops: tuple[Tensor, Tensor] | Rows, w: Tensor) -> dict[str, Tensor]:
+    def weighted(module: nn.Module, ops: Outer | Rows, w: Tensor) -> dict[str, Tensor]:
         params = own(module)
         packed = isinstance(ops, Rows)
         if "weight" in params:
-            value = rows_weighted(ops, w) if packed else matmul_weighted(*ops, w)
+            value = rows_weighted(ops, w) if packed else ops.weighted(w)
             out = {"weight": value.view_as(params["weight"])}
         else:
             out = {}
         if "bias" in params:
-            out["bias"] = weighted_sum(ops.summed() if packed else summed(ops[1]), w)
+            out["bias"] = weighted_sum(ops.summed() if packed else summed(ops.g), w)
         return out
 
-    def joined(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor] | Rows:
-        if any(c.index is not None for c in calls):
+    def joined(module: nn.Module, calls: list[Call]) -> Outer | Rows:
+        if operands is sequences and any(c.index is not None for c in calls):
             return rows([(c.saved[0], c.grad, c.index) for c in calls], calls[0].batch)
-        return operands(module, calls)
+        return Outer(*operands(module, calls))
 
-    return Rule(capture, joined if operands is sequences else operands, sq_norms, weighted,
-                packed=operands is sequences)
+    return Rule(capture, joined, sq_norms, weighted, packed=operands is sequences)
 
 
 def vector_rule(capture: Callable, grads: Callable[[nn.Module, list[Call]], dict[str, Tensor]],
@@ -337,24 +370,25 @@ def vector_rule(capture: Callable, grads: Callable[[nn.Module, list[Call]], dict
 # for parameters that act as linear maps A -> G on the tokens (per-sample gradient Σ_parts G_iᵀA_i over DISJOINT
 # blocks of the parameter; ``stack`` lays the parts' weighted sums out in the parameter's shape), and ``direct`` =
 # {parameter name: per-sample gradient (B, ...)} for the rest (biases, inputs-as-parameters); formed once per batch,
-# for the trained parameters only.
+# for the trained parameters only. :func:`parts_rule` turns each pair into an :class:`Outer`.
 LinearParts = dict[str, tuple[list[tuple[Tensor, Tensor]], Callable[[list[Tensor]], Tensor]]]
 DirectParts = dict[str, Tensor]
+OuterParts = dict[str, tuple[list[Outer], Callable[[list[Tensor]], Tensor]]]
 
 
-def parts_sq_norms(module: nn.Module, ops: tuple[LinearParts, DirectParts]) -> Tensor:
-    """``Σ_params ‖∇θ_i‖²`` from :data:`LinearParts` (each part a disjoint block) and :data:`DirectParts`."""
+def parts_sq_norms(module: nn.Module, ops: tuple[OuterParts, DirectParts]) -> Tensor:
+    """``Σ_params ‖∇θ_i‖²`` from the linear parts (each a disjoint block) and :data:`DirectParts`."""
     linear, direct = ops
-    parts = [matmul_sq_norms(a, g) for pairs, _ in linear.values() for a, g in pairs]
+    parts = [outer.sq_norms() for outers, _ in linear.values() for outer in outers]
     parts += [sq(v) for v in direct.values()]
     return torch.stack(parts).sum(0)
 
 
-def parts_weighted(module: nn.Module, ops: tuple[LinearParts, DirectParts], w: Tensor) -> dict[str, Tensor]:
+def parts_weighted(module: nn.Module, ops: tuple[OuterParts, DirectParts], w: Tensor) -> dict[str, Tensor]:
     """``{name: Σ_i w_i ∇θ_i}`` from the same operands."""
     linear, direct = ops
     params = own(module)
-    out = {n: stack([matmul_weighted(a, g, w) for a, g in pairs]) for n, (pairs, stack) in linear.items()}
+    out = {n: stack([outer.weighted(w) for outer in outers]) for n, (outers, stack) in linear.items()}
     out.update({n: weighted_sum(v, w).view_as(params[n]) for n, v in direct.items()})
     return out
 
@@ -373,7 +407,11 @@ def trained_parts(module: nn.Module, linear: LinearParts, direct: DirectParts) -
 def parts_rule(capture: Callable, operands: Callable[[nn.Module, list[Call]], tuple[LinearParts, DirectParts]],
                hook: Callable | None = None, subtree: bool = False) -> Rule:
     """A rule whose ``operands`` give :data:`LinearParts` and :data:`DirectParts`."""
-    return Rule(capture, operands, parts_sq_norms, parts_weighted, hook, subtree)
+    def outers(module: nn.Module, calls: list[Call]) -> tuple[OuterParts, DirectParts]:
+        linear, direct = operands(module, calls)
+        return {n: ([Outer(a, g) for a, g in pairs], stack) for n, (pairs, stack) in linear.items()}, direct
+
+    return Rule(capture, outers, parts_sq_norms, parts_weighted, hook, subtree)
 
 
 LINEAR = register_rule(nn.Linear)(affine_rule())
@@ -394,34 +432,32 @@ def _patches(module: nn.Module, x: Tensor) -> Tensor:
     return F.unfold(x, kernel, dilation, 0, stride).transpose(1, 2)
 
 
-def _conv_operands(module: nn.Module, calls: list[Call]) -> tuple[Tensor, Tensor]:
-    """Patches ``A: (B·g, L, C/g·Πk)`` and output gradients ``G: (B·g, L, p/g)`` per sample and channel group
-    ``g`` (group ``j`` of sample ``i`` at row ``i·g + j``)."""
+def _conv_operands(module: nn.Module, calls: list[Call]) -> tuple[Outer, Tensor]:
+    """The weight's :class:`Outer` over patches ``A: (B·g, L, C/g·Πk)`` and output gradients ``G: (B·g, L, p/g)``
+    per sample and channel group ``g`` (group ``j`` of sample ``i`` at row ``i·g + j``), and the bias's per-sample
+    gradient ``Σ_l G_{i,l}: (B, p)``."""
     a = join([_patches(module, c.saved[0]) for c in calls])
     g = join([c.grad.flatten(2).transpose(1, 2) for c in calls])
     groups, (b, n) = module.groups, g.shape[:2]
-    return (a.view(b, n, groups, -1).transpose(1, 2).reshape(b * groups, n, -1),
-            g.view(b, n, groups, -1).transpose(1, 2).reshape(b * groups, n, -1))
+    return Outer(a.view(b, n, groups, -1).transpose(1, 2).reshape(b * groups, n, -1),
+                 g.view(b, n, groups, -1).transpose(1, 2).reshape(b * groups, n, -1), groups), summed(g)
 
 
-def _conv_sq_norms(module: nn.Module, ops: tuple[Tensor, Tensor]) -> Tensor:
-    a, g = ops
-    params, groups = own(module), module.groups
-    total = matmul_sq_norms(a, g).view(-1, groups).sum(1) if "weight" in params else g.new_zeros(len(g) // groups)
-    return total + sq(summed(g).view(-1, groups * g.shape[-1])) if "bias" in params else total
+def _conv_sq_norms(module: nn.Module, ops: tuple[Outer, Tensor]) -> Tensor:
+    outer, bias = ops
+    params = own(module)
+    total = outer.sq_norms() if "weight" in params else bias.new_zeros(len(bias))
+    return total + sq(bias) if "bias" in params else total
 
 
-def _conv_weighted(module: nn.Module, ops: tuple[Tensor, Tensor], w: Tensor) -> dict[str, Tensor]:
-    a, g = ops
-    params, groups = own(module), module.groups
+def _conv_weighted(module: nn.Module, ops: tuple[Outer, Tensor], w: Tensor) -> dict[str, Tensor]:
+    outer, bias = ops
+    params = own(module)
     out = {}
     if "weight" in params:
-        n, d = a.shape[1:]
-        blocks = torch.einsum("bglp,bgld->gpd", (g * w.repeat_interleave(groups)[:, None, None]).view(
-            -1, groups, n, g.shape[-1]), a.view(-1, groups, n, d))
-        out["weight"] = blocks.reshape(params["weight"].shape)
+        out["weight"] = outer.weighted(w).reshape(params["weight"].shape)
     if "bias" in params:
-        out["bias"] = weighted_sum(summed(g).view(-1, groups * g.shape[-1]), w)
+        out["bias"] = weighted_sum(bias, w)
     return out
 
 
@@ -564,8 +600,8 @@ position): ``∇cls_i = G_{i,0}``, ``∇pos_i = G_i``, with ``G`` the gradient o
 
 
 __all__ = ["CONV", "GROUP_NORM", "LAYER_NORM", "LAYER_SCALE", "LINEAR", "REPLAYING", "RMS_NORM", "RULES",
-           "SEQUENCE_FIRST", "VIT_TOKENS", "Call", "DirectParts", "LinearParts", "Recorder", "Rows", "Rule",
-           "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads", "embedding_sq_norms",
-           "embedding_weighted", "group_normalized", "matmul_sq_norms", "matmul_weighted", "normalized",
-           "parts_rule", "parts_sq_norms", "parts_weighted", "register_rule", "rms_normalized", "rows",
-           "rows_sq_norms", "rows_weighted", "scale_rule", "stack_rows", "trained_parts", "vector_rule"]
+           "SEQUENCE_FIRST", "VIT_TOKENS", "Call", "DirectParts", "LinearParts", "Outer", "OuterParts", "Recorder",
+           "Rows", "Rule", "UnsupportedLayerError", "additive_rule", "affine_rule", "embedding_ids_grads",
+           "embedding_sq_norms", "embedding_weighted", "group_normalized", "normalized", "parts_rule", "parts_sq_norms",
+           "parts_weighted", "register_rule", "rms_normalized", "rows", "rows_sq_norms", "rows_weighted", "scale_rule",
+           "stack_rows", "trained_parts", "vector_rule"]

@@ -30,10 +30,9 @@ from torch import Tensor, nn
 
 from clbench.privacy.rules import (
     GRAM_CHUNK,
+    Outer,
     Rows,
     UnsupportedLayerError,
-    matmul_sq_norms,
-    matmul_weighted,
     rows_sq_norms,
     rows_weighted,
 )
@@ -43,7 +42,8 @@ from clbench.privacy.rules import (
 class Product:
     """``∇P_i = L_iᵀ R_i``: ``left: (B, T, r)``, ``right: (B, T, c)``, or packed rows ``left: (N, r)``,
     ``right: (N, c)`` of samples ``index: (N,)``; ``left``'s ``r`` columns are the rows ``start .. start + r`` of
-    ``P`` (``∇P_i`` is zero on the others; ``total``: ``P``'s number of rows, None: ``r``)."""
+    ``P`` (``∇P_i`` is zero on the others; ``total``: ``P``'s number of rows, None: ``r``). ``outer``: the batched
+    form's :class:`~clbench.privacy.rules.Outer` (a Linear's own, when the product is its weight's use)."""
 
     left: Tensor
     right: Tensor
@@ -51,16 +51,21 @@ class Product:
     batch: int = 0
     start: int = 0
     total: int | None = None
+    outer: Outer | None = None
+
+    def __post_init__(self) -> None:
+        if self.index is None and self.outer is None:
+            self.outer = Outer(self.right, self.left)
 
     def rows(self) -> Rows:
         return Rows(self.right, self.left, self.index, self.batch)
 
     def sq_norms(self) -> Tensor:
-        return rows_sq_norms(self.rows()) if self.index is not None else matmul_sq_norms(self.right, self.left)
+        return rows_sq_norms(self.rows()) if self.outer is None else self.outer.sq_norms()
 
     def weighted(self, w: Tensor) -> Tensor:
         """``Σ_i w_i ∇P_i``, the full ``(total, c)`` parameter shape."""
-        value = rows_weighted(self.rows(), w) if self.index is not None else matmul_weighted(self.right, self.left, w)
+        value = rows_weighted(self.rows(), w) if self.outer is None else self.outer.weighted(w)
         total = self.total or value.shape[0]
         if total == value.shape[0]:
             return value
@@ -86,8 +91,7 @@ Form = Product | Lookup
 def _linear_form(module: nn.Module, ops) -> dict[str, Form]:
     if isinstance(ops, Rows):
         return {"weight": Product(ops.g, ops.a, ops.index, ops.batch)}
-    a, g = ops
-    return {"weight": Product(g, a)}
+    return {"weight": Product(ops.g, ops.a, outer=ops)}
 
 
 FORMS: dict[type, Callable[[nn.Module, object], dict[str, Form]]] = {
