@@ -6,8 +6,9 @@ function and every item carries all that ``fn`` needs, so that both can be pickl
     states = tasks.current().map(train_member, jobs)       # inside a run: the pool its executor installed
 
 - ``sequential`` (the default): this process, one item after the other, no copies;
-- ``process``: ``workers`` processes on this machine (forked or spawned: :func:`clbench.workers.start_method`), torch
-  threads split between them; they die with the process that started them (:func:`clbench.workers.die_with_parent`);
+- ``process``: ``workers`` processes on this machine (:class:`clbench.workers.WorkerPool`, forked or spawned:
+  :func:`clbench.workers.start_method`), torch threads split between them; they ignore Ctrl-C, die with the process
+  that started them and are killed when the pool closes, a job in progress or not;
 - ``ray``: Ray tasks, at most ``workers`` in flight; inside a Ray task too (nested tasks: Ray releases the caller's
   CPU while it waits in ``ray.get``).
 
@@ -21,17 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import multiprocessing
-import os
-import signal
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Protocol
 
 import torch
 
 from clbench.registry import Registry
-from clbench.workers import die_with_parent, start_method
+from clbench.workers import WorkerLost, WorkerPool, start_method
 
 
 class TaskPool(Protocol):
@@ -57,35 +54,41 @@ class SequentialPool:
         pass
 
 
-def _set_up(threads: int, parent: int) -> None:
-    """A shard worker: ``threads`` torch threads, and it dies with the process that started it."""
-    die_with_parent(parent)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)        # a forked worker inherits the driver's handler
-    torch.set_num_threads(threads)
+def _apply(job: tuple[int, Callable[[Any], Any], Any]) -> Any:
+    """A shard worker's body: ``fn(item)`` of a job ``(position, fn, item)``."""
+    _, fn, item = job
+    return fn(item)
 
 
 @TASK_POOLS.register("process")
 class ProcessPool:
-    """``workers`` processes started on the first :meth:`map` (forked for one thread each on Linux unless CUDA is in
-    use here, spawned otherwise: :func:`clbench.workers.start_method`) and kept until :meth:`close`; each runs
-    ``threads`` torch threads (default: this process's threads // workers, >= 1)."""
+    """``workers`` processes (:class:`clbench.workers.WorkerPool`: forked for one thread each on Linux unless CUDA is
+    in use here, spawned otherwise) started on the first :meth:`map` and kept until :meth:`close`; each runs
+    ``threads`` torch threads (default: this process's threads // workers, >= 1). They ignore Ctrl-C, die with this
+    process, and :meth:`close` kills those still working: a run stopped by Ctrl-C or SIGTERM does not wait for its
+    shard members to finish training (``concurrent.futures``' shutdown waited for every queued member: minutes)."""
 
     def __init__(self, workers: int, threads: int | None = None) -> None:
         self.workers = workers
         self.threads = threads or max(1, torch.get_num_threads() // workers)
-        self._executor: ProcessPoolExecutor | None = None
+        self._pool: WorkerPool | None = None
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        if self._executor is None:
-            method = start_method(self.threads, accelerator=False)      # spawn if CUDA is in use here
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
-                                                 initializer=_set_up, initargs=(self.threads, os.getpid()))
-        return list(self._executor.map(fn, items))
+        if self._pool is None:
+            self._pool = WorkerPool(self.workers, torch.set_num_threads, (self.threads,),
+                                    start_method=start_method(self.threads, accelerator=False))
+        results: dict[int, Any] = {}
+        for (position, _, _), outcome in self._pool.imap_unordered(_apply, [(k, fn, item) for k, item in
+                                                                            enumerate(items)]):
+            if isinstance(outcome, WorkerLost):
+                raise RuntimeError(f"shard member {position}: {outcome.reason}")
+            results[position] = outcome
+        return [results[k] for k in range(len(items))]
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown()
-            self._executor = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 @TASK_POOLS.register("ray")
