@@ -73,6 +73,9 @@ suite["strategies"] = [e for e in suite["strategies"] if "dp" not in e
                       and not any(c["name"] == "dp" for c in e.get("callbacks", []))]
 open("quick_amp.yaml", "w").write(yaml.safe_dump(suite, sort_keys=False))
 PY
+# throughput at paper-scale shapes on random data of the real shape (no data transfer): clbench vs a bare loop
+part throughput 240 env -u CLBENCH_DATA python3 "$REPO/benchmarks/loop_throughput.py" --shape all --device cuda \
+    --preset full --images 500 --repeats 3 --threads 4
 part quick 180 $CL run --suite quick_amp.yaml --seeds 0 --device cuda --amp --jobs 4 --out quick --quiet --quiet-table
 part cifar100 100 $CL run --suite cifar_gpu.yaml --plugins "$REPO/benchmarks/gpu_check_cifar.py" --device cuda --amp \
     --jobs 1 --out cifar100 --quiet

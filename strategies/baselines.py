@@ -277,6 +277,10 @@ class DarkExperienceReplayStrategy(AvalancheStrategy):
     template_cls = DER
     head = "fixed"
     Config = DarkERConfig
+    # DER++'s own setting (Buzzega et al., 2020, CIFAR: SGD lr 0.03 without momentum, batch 32, 50 epochs): the
+    # shared FULL (SGD 0.1, momentum 0.9, wd 5e-4) diverges from the second step on (seen to NaN on CPU and an H200)
+    PRESETS: ClassVar[dict[str, dict]] = {"cpu": CPU, "full": {"epochs": 50, "batch_size": 32, "optimizer": "sgd",
+                                                               "lr": 0.03, "momentum": 0.0, "weight_decay": 0.0}}
 
 
 @STRATEGIES.register("gdumb")

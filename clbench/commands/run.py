@@ -102,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
     _check_before_imports(args)
     suite = _with_init(load_suite(args.suite).select(args.scenario, args.strategy, args.seeds), args.init)
     from clbench.environment import resolve_device  # imports torch: after the suite, so a malformed one is quick
+    from clbench.estimates import notice
 
-    resolve_device(args.device)
+    if estimate := notice(suite.name, str(resolve_device(args.device))):     # a *_full suite starting on a CPU
+        print(estimate, file=sys.stderr)
     specs = suite.run_specs(device=args.device, amp=args.amp)        # --amp refused here with dp or on mps
     out = output_folder(args.out, suite.name)
     check_output_folder(out)
