@@ -237,18 +237,20 @@ def record_flags(record: Mapping[str, Any], root: str | Path | None = None) -> l
 
 def unchecked(record: Mapping[str, Any], root: str | Path | None = None) -> tuple[str, ...]:
     """The checks of :func:`record_flags` that could not be made on one record, said instead of left blank:
-    ``learning n/a: no per-step accuracy``, ``convergence n/a: no loss per epoch`` (neither adequacy entries nor a
-    committed training log) or ``convergence n/a: 2 epochs`` (a step's main training ran fewer than
-    :data:`MIN_EPOCHS` epochs, where ``loss_drop`` is undefined)."""
-    notes = [] if _accuracies(record) else ["learning n/a: no per-step accuracy"]
+    ``convergence n/a: 2 epochs`` (a step's main training ran fewer than :data:`MIN_EPOCHS` epochs, where
+    ``loss_drop`` is undefined; epochs from the adequacy entries or the committed training log), and for a record
+    with adequacy entries ``learning n/a: no per-step accuracy`` (a ranking run: no accuracy on the step's data) and
+    ``convergence n/a: no loss per epoch`` (no training loop, as the popularity floors). A record from before the
+    checks with neither adequacy entries nor a training log has nothing to say here."""
     entries = record.get("adequacy") or []
-    if entries and any(e.get("epochs") for e in entries):
+    notes = ["learning n/a: no per-step accuracy"] if entries and not _accuracies(record) else []
+    if any(e.get("epochs") for e in entries):
         epochs = [e.get("epochs") or 0 for e in entries]
     else:
         rows = _log_rows(None if root is None else Path(root), record["run_id"])
         epochs = [len(main_call(rows, i)) for i in sorted({r["experience"] for r in rows})]
-    if not epochs:
-        notes.append("convergence n/a: no loss per epoch")
+        if entries and not epochs:
+            notes.append("convergence n/a: no loss per epoch")
     short = sorted({e for e in epochs if e < MIN_EPOCHS})
     if short:
         notes.append(f"convergence n/a: {'/'.join(map(str, short))} epoch{'s' * (short != [1])}")
@@ -283,7 +285,7 @@ FLAGS_LEGEND = (f"Flags (clbench/adequacy.py): `not learned` = accuracy on the d
                 f"(R[i, i], records without adequacy), record or log (the committed training log). A check that could "
                 f"not be made is said: `convergence n/a: 2 epochs` (the rule needs {MIN_EPOCHS} epochs a step), "
                 f"`convergence n/a: no loss per epoch`, `learning n/a: no per-step accuracy`; an empty cell: both "
-                f"checks made, neither flags.")
+                f"checks made and neither flags (or a record from before the checks, without a training log).")
 """The line under a table with a ``flags`` column that says what the flags mean."""
 
 

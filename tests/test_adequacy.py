@@ -148,6 +148,8 @@ def test_a_check_that_could_not_be_made_is_said_not_left_blank(tmp_path):
          "epochs": 2, "loss_drop": None} for i in range(2)]}
     assert adequacy.unchecked(short) == ("convergence n/a: 2 epochs",)
     assert adequacy.row_flags([short]) == "convergence n/a: 2 epochs"
-    bare = _record(0, matrix=[[0.9, 0.0], [0.9, 0.9]], cpe=(2, 2))
-    assert adequacy.row_flags([bare], tmp_path) == "convergence n/a: no loss per epoch"
+    floor = {**_record(0), "adequacy": [{"experience": 0, "train_acc": None, "k": None, "epochs": 0,
+                                         "loss_drop": None}]}                     # a ranking floor: no training
+    assert adequacy.unchecked(floor, tmp_path) == ("learning n/a: no per-step accuracy",
+                                                   "convergence n/a: no loss per epoch")
     assert adequacy.unchecked(_record(0, [0.9, 0.9, 0.9])) == ()
