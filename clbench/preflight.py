@@ -113,6 +113,48 @@ def check_gpu_present(device: str) -> None:
                           f"sees no CUDA device; use --device cpu or auto.")
 
 
+def refuse_missing_checkpoints(missing: dict[str, list[str]]) -> None:
+    """One :class:`ConfigError` line naming each checkpoint file of ``missing`` (path -> who reads it, in order)
+    and the first of its readers, when there is any."""
+    if missing:
+        listed = "; ".join(f"{path}, read by {users[0]}" + (f" and {len(users) - 1} more" if len(users) > 1 else "")
+                           for path, users in missing.items())
+        raise ConfigError(f"checkpoint file(s) not found: {listed}. Create them with `python run_bench.py pretrain` "
+                          f"(the commands are in docs/petl.md and docs/tangent.md) or set init / --init to a local "
+                          f"file.")
+
+
+def check_suite_checkpoints(suite: str, scenarios: list[str] | None, strategies: list[str] | None,
+                            init: str | None) -> None:
+    """The checkpoint files that the entries of the suite file ``suite`` (as ``--scenario``/``--strategy`` select
+    them) name in their args (``init``, ``model_args.init``, with ``{scenario}`` replaced by each scenario's name),
+    refused when missing, before the suite's modules are imported (:func:`refuse_missing_checkpoints`). An ``init``
+    that ``--init`` replaces is not read. A file this reading cannot make sense of is left to the loader, which
+    refuses it with its own line; a preset's checkpoints are checked after the imports (``check_checkpoints``)."""
+    from clbench.config import checkpoint_paths
+    from clbench.specs import ScenarioEntry, StrategyEntry, SuiteSpec
+    from clbench.suite_file import read_yaml, resolve_suite_path
+
+    try:
+        data = read_yaml(resolve_suite_path(suite))
+        entries = [[{"name": e} if isinstance(e, str) else e for e in data[kind]] for kind in ("scenarios",
+                                                                                              "strategies")]
+        spec = SuiteSpec(str(data["suite"]), tuple(ScenarioEntry(e["name"], label=e.get("label", ""))
+                                                   for e in entries[0]),
+                         tuple(StrategyEntry(e["name"], dict(e.get("args") or {}), e.get("label", ""))
+                               for e in entries[1])).select(scenarios, strategies)
+    except (ConfigError, TypeError, KeyError, AttributeError, ValueError):
+        return
+    missing: dict[str, list[str]] = {}
+    for strategy in spec.strategies:
+        args = {k: v for k, v in strategy.args.items() if not (init and k == "init")}
+        for scenario in spec.scenarios:
+            for field, path in checkpoint_paths(args, scenario.name).items():
+                if not Path(path).is_file():
+                    missing.setdefault(path, []).append(f"{strategy.key} ({field}) on {scenario.key}")
+    refuse_missing_checkpoints(missing)
+
+
 def preflight(specs: Iterable, out: Path) -> None:
     """Check, once, what each of ``specs`` (RunSpecs) would fail on in each run (module docstring)."""
     specs = list(specs)
@@ -127,4 +169,5 @@ def preflight(specs: Iterable, out: Path) -> None:
             NEEDS[name](args)
 
 
-__all__ = ["GPU_DEVICE_FILES", "NEEDS", "check_file_size_limit", "check_gpu_present", "preflight", "wandb_login"]
+__all__ = ["GPU_DEVICE_FILES", "NEEDS", "check_file_size_limit", "check_gpu_present", "check_suite_checkpoints",
+           "preflight", "refuse_missing_checkpoints", "wandb_login"]

@@ -38,6 +38,14 @@ print(json.dumps([out, heavy]))
 """
 
 
+def _init_suite(tmp_path: Path) -> Path:
+    """A suite whose strategy entry names a checkpoint per scenario (``{scenario}``) that does not exist."""
+    path = tmp_path / "init_suite.yaml"
+    path.write_text(f"suite: init_suite\nscenarios: [split_digits]\nstrategies:\n"
+                    f"  - {{name: taft, args: {{init: '{tmp_path}/c_{{scenario}}.pt'}}}}\n")
+    return path
+
+
 def command_line_cases(tmp_path: Path) -> dict[str, tuple[list, dict, int, str]]:
     """name -> (argv, environment, file size limit or 0, the start of the refusal after 'error: '); the folder
     ``tmp_path / "locked"`` is to be held locked by the caller (benchmarks/refusal_time.py times these too)."""
@@ -53,6 +61,9 @@ def command_line_cases(tmp_path: Path) -> dict[str, tuple[list, dict, int, str]]
         "--init missing": ([*out, "--init", str(tmp_path / "no.pt")], {}, 0,
                            f"checkpoint file(s) not found: {tmp_path / 'no.pt'}, given by --init."),
         "ulimit -f": (out, {}, 4096, "the file size limit of this shell is 4,096 bytes (ulimit -f)"),
+        "suite init missing": (["--suite", str(_init_suite(tmp_path)), "--out", str(tmp_path / "out"), "--quiet"],
+                               {}, 0, f"checkpoint file(s) not found: {tmp_path / 'c_split_digits.pt'}, read by "
+                                      f"taft (init) on split_digits."),
     }
     if NO_GPU:
         cases["--device cuda"] = ([*out, "--device", "cuda"], {}, 0, "--device cuda was asked for but this machine "

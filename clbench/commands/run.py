@@ -16,7 +16,12 @@ from pathlib import Path
 from clbench.commands import Command
 from clbench.errors import ConfigError
 from clbench.files import LOCK_FILE, locked_folder
-from clbench.preflight import check_file_size_limit, check_gpu_present
+from clbench.preflight import (
+    check_file_size_limit,
+    check_gpu_present,
+    check_suite_checkpoints,
+    refuse_missing_checkpoints,
+)
 from clbench.registry import COMMANDS, STRATEGIES
 from clbench.suite_file import load_suite, suite_name
 
@@ -151,8 +156,8 @@ def _run_suite(args: argparse.Namespace, suite, specs, out: Path) -> int:
 def _check_before_imports(args: argparse.Namespace) -> None:
     """What the command line alone decides, refused before the suite's modules (and torch) are imported: the
     flags, ``$CLBENCH_JOBS``, the file size limit, ``--device cuda`` on a machine without a GPU, the output folder
-    (writable, not in use by another suite: its name read from the suite file when ``--out`` is not given) and the
-    ``--init`` file."""
+    (writable, not in use by another suite: its name read from the suite file when ``--out`` is not given), the
+    ``--init`` file and the checkpoint files the suite's selected entries name."""
     _check_flags(args)
     if args.jobs is None:
         _jobs_default()
@@ -169,6 +174,7 @@ def _check_before_imports(args: argparse.Namespace) -> None:
         raise ConfigError(f"checkpoint file(s) not found: {args.init}, given by --init. Create it with `python "
                           f"run_bench.py pretrain` (the commands are in docs/petl.md and docs/tangent.md) or pass a "
                           f"local file.")
+    check_suite_checkpoints(args.suite, args.scenario, args.strategy, args.init)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -201,12 +207,7 @@ def check_checkpoints(specs) -> None:
         for field, path in checkpoint_paths(config_dict(spec.config()), spec.scenario.name).items():
             if not Path(path).is_file():
                 missing.setdefault(path, {})[f"{spec.strategy.key} ({field}) on {spec.scenario.key}"] = None
-    if missing:
-        listed = "; ".join(f"{path}, read by {next(iter(users))}" + (f" and {len(users) - 1} more" if len(users) > 1
-                                                                      else "") for path, users in missing.items())
-        raise ConfigError(f"checkpoint file(s) not found: {listed}. Create them with `python run_bench.py pretrain` "
-                          f"(the commands are in docs/petl.md and docs/tangent.md) or set init / --init to a local "
-                          f"file.")
+    refuse_missing_checkpoints({path: list(users) for path, users in missing.items()})
     _check_readable(sorted({path for spec in specs for path in checkpoint_paths(config_dict(spec.config()),
                                                                                  spec.scenario.name).values()}))
 
