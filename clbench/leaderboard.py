@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ import pandas as pd
 
 from clbench import adequacy, files
 from clbench import records as record_files
+from clbench.escaping import csv_table, markdown_text
 from clbench.metrics import ACCURACY, SUMMARIES, MetricSpec, primary
 from clbench.specs import identity_callbacks
 
@@ -235,18 +235,6 @@ def flagged(table: pd.DataFrame) -> bool:
     return "flags" in table and bool(table["flags"].fillna("").astype(str).str.len().gt(0).any())
 
 
-MARKDOWN_SPECIAL = re.compile(r"([\\`*<>|~&]|(?<=\])\()")
-"""The characters a markdown cell escapes (CommonMark: a backslash before ASCII punctuation keeps it literal): code,
-emphasis, inline HTML, table cells, strikethrough, entities, and the ``(`` that makes ``[text](url)`` a link.
-``_ . + - = [ ]`` (names, overrides such as ``hidden: [8]``) stay as they are."""
-
-
-def markdown_text(text: str) -> str:
-    """``text`` as one literal markdown table cell: line breaks as spaces, :data:`MARKDOWN_SPECIAL` escaped (a label,
-    name or path read from a record can neither end the table, nor link, nor inject HTML)."""
-    return MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
-
-
 def to_markdown(table: pd.DataFrame, title: str = "") -> str:
     """A compact markdown table: labels and overrides, mean ± std (:func:`mean_pm`) for the scores, the adequacy
     ``flags`` (where a row has one: :func:`flagged`), then costs, followed by :data:`LEGEND`,
@@ -271,16 +259,17 @@ def to_markdown(table: pd.DataFrame, title: str = "") -> str:
     lines += ["", adequacy.FLAGS_LEGEND] if flags else []
     machines = sorted({m for row in table.get("machine", []) for m in str(row).split("; ") if m})
     if machines:
-        lines += ["", "Machine: " + "; ".join(machines)]
+        lines += ["", "Machine: " + "; ".join(map(markdown_text, machines))]
     return "\n".join(lines) + "\n"
 
 
 def write(out_dir: str | Path, records: list[dict] | None = None) -> pd.DataFrame:
-    """Rebuild ``leaderboard.csv`` and ``leaderboard.md`` in ``out_dir`` from ``records`` (default: its
-    :func:`load_records`); returns the table."""
+    """Rebuild ``leaderboard.csv`` (text cells safe from formula injection: :func:`clbench.escaping.csv_cell`) and
+    ``leaderboard.md`` (cells escaped: :func:`clbench.escaping.markdown_text`) in ``out_dir`` from ``records``
+    (default: its :func:`load_records`); returns the table."""
     out_dir = Path(out_dir)
     table = build(load_records(out_dir) if records is None else records, out_dir)
-    files.write_atomic(out_dir / "leaderboard.csv", table.to_csv(index=False, float_format="%.4f"))
+    files.write_atomic(out_dir / "leaderboard.csv", csv_table(table).to_csv(index=False, float_format="%.4f"))
     suites = ", ".join(sorted(set(table["suite"]))) if len(table) else ""
     files.write_atomic(out_dir / "leaderboard.md", to_markdown(table, f"Leaderboard: {suites}"))
     return table

@@ -18,7 +18,10 @@ Sections, in order:
    (``torch.backends.cpu.get_cpu_capability()``: results may differ between hosts), devices, package versions, git
    commits and code fingerprints of the records.
 
-The numbers are the leaderboard's (mean ± sample std over seeds, one row per run identity).
+The numbers are the leaderboard's (mean ± sample std over seeds, one row per run identity). What the page copies
+from the records (labels, names, paths, reasons, machine and package names) is escaped
+(:func:`clbench.escaping.markdown_text`, names as code spans: :func:`clbench.escaping.markdown_code`): a label can
+neither end a table, nor link, nor inject HTML.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import pandas as pd
 from clbench import files, leaderboard, report
 from clbench import records as record_files
 from clbench.artifacts import CURVE_FILE
+from clbench.escaping import markdown_code, markdown_text
 from clbench.metrics import SUMMARIES, MetricSpec, primary
 
 # how each summary ranks: +1 best = highest, -1 best = lowest, for a higher-is-better metric
@@ -52,7 +56,7 @@ def _best(rows: pd.DataFrame, column: str, sign: int) -> pd.DataFrame:
 
 def _flagged(row: pd.Series) -> str:
     """`` [flags]`` after a number whose row is flagged (:mod:`clbench.adequacy`), else ``""``."""
-    return f" [{row['flags']}]" if isinstance(row.get("flags"), str) and row["flags"] else ""
+    return f" [{markdown_text(row['flags'])}]" if isinstance(row.get("flags"), str) and row["flags"] else ""
 
 
 def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> list[str]:
@@ -63,20 +67,22 @@ def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> li
     unit = f" ({spec.unit})" if spec.unit else ""
     d = leaderboard.score_decimals(spec.unit)
     _pm = functools.partial(leaderboard.mean_pm, decimals=d)          # (row, column) -> "mean ± std"
-    lines = [f"### {scenario}", "", f"Primary metric: `{spec.name}`{unit}; {len(continual)} continual "
+    lines = [f"### {markdown_text(scenario)}", "", f"Primary metric: {markdown_code(spec.name)}{markdown_text(unit)}; "
+             f"{len(continual)} continual "
              f"strategies, {len(offline)} offline (joint) row(s).", ""]
     for summary in SUMMARIES:
         pool = rows if summary == "last" else continual
         direction = DIRECTION[summary] * (1 if summary in ABSOLUTE else sign)
         best = _best(pool, col[summary], direction)
         if len(best):
-            names = ", ".join(f"`{r['strategy']}`{_flagged(r)}" for _, r in best.iterrows())
-            lines.append(f"- best `{col[summary]}` ({'lowest' if direction < 0 else 'highest'}): "
+            names = ", ".join(f"{markdown_code(r['strategy'])}{_flagged(r)}" for _, r in best.iterrows())
+            lines.append(f"- best {markdown_code(col[summary])} ({'lowest' if direction < 0 else 'highest'}): "
                          f"{names} with {_pm(best.iloc[0], col[summary])}")
     joint = _best(offline, col["last"], sign)
     if len(joint):
         upper = joint.iloc[0]
-        lines.append(f"- joint upper bound: `{upper['strategy']}`, `{col['last']}` {_pm(upper, col['last'])}"
+        lines.append(f"- joint upper bound: {markdown_code(upper['strategy'])}, {markdown_code(col['last'])} "
+                     f"{_pm(upper, col['last'])}"
                      f"{_flagged(upper)}")
     else:
         lines.append("- no offline (joint) row in this suite: no upper bound to compare with")
@@ -89,20 +95,21 @@ def _scenario_section(scenario: str, rows: pd.DataFrame, spec: MetricSpec) -> li
     header = ["rank", "strategy", "seeds", col["avg_inc"], col["last"],
               *([f"gap to joint ({col['last']})"] if len(joint) else []),
               *([col["forgetting"], "forgetting rank"] if shown else []), *(["flags"] if flags else [])]
-    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["", "| " + " | ".join(map(markdown_text, header)) + " |", "|" + "---|" * len(header)]
     for k, (index, row) in enumerate(continual.iterrows(), start=1):      # leaderboard order: best avg_inc first
         gap = [] if not len(joint) else \
             ["–" if pd.isna(row[col["last"]]) else f"{sign * (upper[col['last']] - row[col['last']]):.{d}f}"]
         forget = [_pm(row, col["forgetting"]), "–" if pd.isna(forget_rank[index]) else f"{forget_rank[index]:.0f}"]
-        cells = [str(k), f"`{row['strategy']}`", str(row["n_seeds"]), _pm(row, col["avg_inc"]),
-                 _pm(row, col["last"]), *gap, *(forget if shown else []), *([row["flags"]] if flags else [])]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        cells = [str(k), markdown_code(row["strategy"], cell=True), str(row["n_seeds"]), _pm(row, col["avg_inc"]),
+                 _pm(row, col["last"]), *gap, *(forget if shown else []), *([markdown_text(row["flags"])] if flags
+                                                                           else [])]
+        lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    notes = ([f"Gap to joint: `{col['last']}` of `{upper['strategy']}` minus the strategy's (positive: below the "
-              "upper bound)."] if len(joint) else []) + (["Forgetting rank 1 = least forgetting."] if shown else
-                                                          ["Forgetting is undefined here (a single experience)."]
-                                                          ) + (["Flags: see the legend under the leaderboard."] if flags
-                                                               else [])
+    gap_note = [f"Gap to joint: {markdown_code(col['last'])} of {markdown_code(upper['strategy'])} minus the "
+                "strategy's (positive: below the upper bound)."] if len(joint) else []
+    notes = gap_note + (["Forgetting rank 1 = least forgetting."] if shown else
+                        ["Forgetting is undefined here (a single experience)."]
+                        ) + (["Flags: see the legend under the leaderboard."] if flags else [])
     lines += [" ".join(notes), ""]
     return lines
 
@@ -116,7 +123,7 @@ def _plots_section(plots: Sequence[Path], out_dir: Path, scenarios: list[str]) -
         prefix = f"plots/{report._safe(scenario)}__"
         mine = [n for n in names if n.startswith(prefix)]
         curves = [n for n in mine if not n.endswith("__matrix.png") and not n.endswith("__params.png")]
-        lines += [f"### {scenario}", ""] + [f"![{Path(n).stem}]({n})" for n in curves] + [""]
+        lines += [f"### {markdown_text(scenario)}", ""] + [f"![{Path(n).stem}]({n})" for n in curves] + [""]
         matrices = [n for n in mine if n.endswith("__matrix.png")]
         if matrices:
             links = ", ".join(f"[{_matrix_label(n, scenario)}]({n})" for n in matrices)
@@ -161,7 +168,8 @@ def provenance(records: list[dict]) -> list[tuple[str, str]]:
 
 
 def _provenance(records: list[dict]) -> list[str]:
-    return ["## Machine and code", "", *(f"- {what}: {value}" for what, value in provenance(records)), ""]
+    return ["## Machine and code", "", *(f"- {what}: {markdown_text(value)}" for what, value in provenance(records)),
+            ""]
 
 
 def render(records: list[dict], plots: Sequence[Path], out_dir: str | Path) -> str:
@@ -173,8 +181,8 @@ def render(records: list[dict], plots: Sequence[Path], out_dir: str | Path) -> s
     times = sorted(t for r in records for t in (r.get("started"), r.get("finished")) if t)
     train_s = sum(r["metrics"].get("train_s") or 0 for r in finished)
     scenarios = list(dict.fromkeys(table["scenario"])) if len(table) else []
-    lines = [f"# Report: {', '.join(suites) or 'no runs'}", "",
-             f"Built from the {len(records)} run records in `{out_dir.as_posix()}/runs/` only "
+    lines = [f"# Report: {markdown_text(', '.join(suites)) or 'no runs'}", "",
+             f"Built from the {len(records)} run records in {markdown_code(f'{out_dir.as_posix()}/runs/')} only "
              f"({len(finished)} finished, {len(records) - len(finished)} failed): {len(scenarios)} scenario(s), "
              f"{table['strategy'].nunique() if len(table) else 0} strategy row(s), seeds "
              f"{', '.join(str(s) for s in sorted({r['seed'] for r in records}))}."
@@ -189,7 +197,8 @@ def render(records: list[dict], plots: Sequence[Path], out_dir: str | Path) -> s
     lines += ["## Leaderboard", "", leaderboard.to_markdown(table).rstrip(), ""]
     failed = [r for r in records if r["status"] != "finished"]
     if failed:
-        lines += ["## Failed runs", ""] + [f"- `{r['run_id']}`: {r.get('reason') or 'no reason recorded'}"
+        lines += ["## Failed runs", ""] + [f"- {markdown_code(r['run_id'])}: "
+                                           f"{markdown_text(r.get('reason') or 'no reason recorded')}"
                                            for r in failed] + [""]
     lines += _provenance(records)
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 Usage: ``python tests/mutation_report.py [GROUP ...] [--survivors] [--collect] [--resume] [--help]``. The groups and
 their tests are ``[tool.clbench.mutation]`` in pyproject.toml (``mutate``: files; ``tests``: pytest arguments: the
-fast tests that matter for those files); the other mutmut settings come from ``[tool.mutmut]``. Each group runs in a
+fast tests that matter for those files; ``data``, optional: committed files those tests read, such as reference
+records); the other mutmut settings come from ``[tool.mutmut]``. Each group runs in a
 fresh copy of the committed tree (``git archive HEAD``: the scores name a commit; commit first) under
 ``build/mutation/<group>/`` (mutmut keeps stale unmutated modules in its ``mutants/`` copy, and a fresh copy keeps one
 group's run from reading another's), niced, one mutant at a time (``--max-children 1``).
@@ -52,14 +53,17 @@ def prepare(group: str, spec: dict, base: dict, pytest_ini: dict) -> Path:
     work = WORK / group
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", "HEAD", *COPIED], cwd=ROOT, capture_output=True, check=True).stdout
+    data = spec.get("data", [])
+    archive = subprocess.run(["git", "archive", "HEAD", *COPIED, *data], cwd=ROOT, capture_output=True,
+                             check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
     for folder in MAPPED:
         (work / folder).rename(work / "clbench" / folder)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     (work / "COMMIT").write_text(commit)
-    mutmut = {**base, "only_mutate": spec["mutate"], "pytest_add_cli_args_test_selection": spec["tests"]}
+    mutmut = {**base, "only_mutate": spec["mutate"], "pytest_add_cli_args_test_selection": spec["tests"],
+              "also_copy": [*base.get("also_copy", []), *data]}
     lines = ["[tool.pytest.ini_options]", *(f"{k} = {_toml(v)}" for k, v in pytest_ini.items()), "",
              "[tool.mutmut]", *(f"{k} = {_toml(v)}" for k, v in mutmut.items())]
     (work / "pyproject.toml").write_text("\n".join(lines) + "\n")

@@ -387,3 +387,23 @@ def test_a_cpu_without_a_recorded_kernel_set_says_unknown():
     record = _record("a", 0, 80.0, 60.0, 30.0)
     record["env"] = {**ENV, "cpu_capability": None}
     assert dict(suite_report.provenance([record]))["CPU"] == "Test CPU (torch CPU kernels: unknown)"
+
+
+def test_labels_reasons_and_machine_names_are_copied_literally():
+    """A scenario label, strategy label, failure reason, machine and suite that would end a table, link, inject HTML,
+    break a code span or a line: headings and text escaped (:func:`clbench.escaping.markdown_text`), names as code
+    spans with a longer fence (a ``|`` escaped only in a table cell)."""
+    env = {**ENV, "machine": "m <b>x</b> [a](b)"}
+    hostile = {"spec": {"suite": "s*", "scenario": {"name": "sc", "label": "x|<img src=y>", "args": {}},
+                        "strategy": {"name": "naive", "label": "a`b|c", "preset": "cpu", "args": {}}},
+               "env": env}
+    good = {**_record("naive", 0, 80.0, 60.0, 30.0), **hostile}
+    bad = {**_record("naive", 1, None, 0.0, None, status="failed", reason="boom\n<script>x</script>"), **hostile}
+    lines = suite_report.render([good, bad], [], OUT).splitlines()
+    assert lines[0] == "# Report: s\\*"
+    assert "### x\\|\\<img src=y\\>" in lines
+    assert "- best `avg_inc_acc` (highest): ``a`b|c`` with 80.00 (n=1)" in lines
+    assert "| 1 | ``a`b\\|c`` | 1 | 80.00 (n=1) | 60.00 (n=1) | 30.00 (n=1) | 1 |" in lines
+    assert "- `sc__naive__s1`: boom \\<script\\>x\\</script\\>" in lines
+    assert "- machine: m \\<b\\>x\\</b\\> [a]\\(b)" in lines
+    assert "Machine: m \\<b\\>x\\</b\\> [a]\\(b)" in lines                           # the leaderboard's line

@@ -23,6 +23,7 @@ from clbench import records as record_files
 from clbench.commands import Command
 from clbench.commands.leaderboard import rebuilding
 from clbench.errors import ConfigError
+from clbench.escaping import csv_cell
 from clbench.registry import COMMANDS
 
 
@@ -99,11 +100,16 @@ def _paired(args: argparse.Namespace, folder: Path, pairs: list[tuple[str, str, 
     out = Path(args.out) if args.out else folder
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "paired.csv", "w", newline="") as f:
-        csv.writer(f).writerows([header, *table])
+        csv.writer(f).writerows([header, *([*map(csv_cell, row[:LABELS]), *row[LABELS:]] for row in table)])
     print(" | ".join(header))
     for row in table:
         print(" | ".join(str(v) for v in row))
     return 0
+
+
+LABELS = 4
+"""paired.csv's columns copied from labels given by the user (scenario, A, B, metric): written through
+:func:`clbench.escaping.csv_cell` (a label cannot be a spreadsheet formula); the numbers are written as they are."""
 
 
 def _g(x: float) -> str:
