@@ -77,6 +77,28 @@ def append(path: Path, text: str) -> None:
         os.close(fd)
 
 
+def resumed_observers(specs: Any, finished: Any, out: Path) -> str | None:
+    """The console line for the observer callbacks (loggers, snapshots, traces: ``observer = True``) of ``specs``
+    whose run is ``finished(spec)`` in ``out``: such a run resumes from its record without training, so they write
+    nothing for it (a logger attached after the run finished would otherwise be silently empty). None when there is
+    none."""
+    from clbench.specs import identity_callbacks
+
+    skipped: dict[str, list[str]] = {}
+    for spec in specs:
+        kept = identity_callbacks(spec.strategy.callbacks)
+        names = [c["name"] for c in spec.strategy.callbacks if c not in kept]
+        if names and finished(spec):
+            for name in dict.fromkeys(names):
+                skipped.setdefault(name, []).append(spec.run_id)
+    if not skipped:
+        return None
+    runs = max(skipped.values(), key=len)
+    return (f"{', '.join(skipped)}: logged nothing for {len(runs)} run(s) already finished in {out} (e.g. {runs[0]}): "
+            f"they resume from their records without training; pass --force to run them again with "
+            f"{'it' if len(skipped) == 1 else 'them'}.")
+
+
 class EpochLogger(Callback):
     """Collects the rows described in the module docstring; subclasses write each with :meth:`write`. Loggers are
     observers (:attr:`clbench.callbacks.Callback.observer`): adding or removing one resumes a finished run."""
@@ -275,4 +297,4 @@ ALWAYS_ON = (CallbackSpec("training_log"),)
 
 
 __all__ = ["ALWAYS_ON", "COLUMNS", "CSV_FILE", "EVALUATION_FILE", "EpochLogger", "TensorBoardLog", "TrainingLog",
-           "WandbLog", "summary_scalars"]
+           "WandbLog", "resumed_observers", "summary_scalars"]

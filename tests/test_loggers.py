@@ -210,6 +210,16 @@ def test_wandb_speaks_unless_silenced(tmp_path, monkeypatch, capfd):
     assert "wandb: You can sync this run to the cloud" in capfd.readouterr().err
 
 
+def test_loggers_on_a_finished_run_say_they_logged_nothing(logged, capsys):
+    """The run resumes from its record, so its loggers do not run: the console says so and how to rerun."""
+    capsys.readouterr()
+    assert main(["--suite", str(logged.parent / "suite.yaml"), "--out", str(logged), "--quiet", "--quiet-table",
+                 "--device", "cpu"]) == 0
+    assert (f"tensorboard, wandb, hook_trace: logged nothing for 1 run(s) already finished in {logged} (e.g. {RUN}): "
+            f"they resume from their records without training; pass --force to run them again with them."
+            ) in capsys.readouterr().err
+
+
 def test_file_loggers_need_an_output_folder():
     from clbench import api
 

@@ -135,6 +135,13 @@ def _run_suite(args: argparse.Namespace, suite, specs, out: Path) -> int:
         raise ConfigError(f"--executor {args.executor}: {exc}") from None
     check_checkpoints(specs)
     preflight(specs, out)
+    if not args.force:
+        from clbench.executors import is_done
+        from clbench.loggers import resumed_observers
+
+        unlogged = resumed_observers(specs, lambda spec: is_done(spec, out), out)
+        if unlogged:
+            print(unlogged, file=sys.stderr)
     at_once = f"{jobs} at once, " if args.executor == "local" else ""
     print(f"suite {suite.name}: {len(specs)} runs ({len(suite.scenarios)} scenarios x {len(suite.strategies)} "
           f"strategies x {len(suite.seeds)} seeds; {at_once}{threads or torch.get_num_threads()} torch thread(s) "
