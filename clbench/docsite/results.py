@@ -46,7 +46,8 @@ def _environment(root: Path, suite: str) -> list[str]:
     machines, packages = set(), set()
     for path in sorted((root / suite / "runs").glob("*.json")):
         env = json.loads(path.read_text()).get("env", {})
-        machines.add(f"{env.get('machine', 'unknown machine')}, torch kernels {env.get('cpu_capability', '?')}")
+        kernels = env.get("cpu_capability") or "not recorded"
+        machines.add(f"{env.get('machine', 'unknown machine')}, torch CPU kernels: {kernels}")
         packages.add(", ".join(f"{k} {v}" for k, v in sorted(env.get("packages", {}).items()) if k != "clbench"))
     return [f"- {m}" for m in sorted(machines)] + [f"- {p}" for p in sorted(packages) if p]
 
