@@ -276,3 +276,25 @@ def test_a_rerun_with_another_configuration_keeps_the_earlier_outputs_aside_and_
     assert os.listdir(outside) == ["training_log.jsonl"] and (outside / "training_log.jsonl").read_text() == "precious"
     assert not artifacts.is_symlink() and (artifacts / "training_log.jsonl").exists()
     assert json.loads(record_path(tmp_path / "o", after.run_id).read_text())["identity_hash"] == after.identity_hash
+
+
+def test_the_ray_driver_keeps_the_earlier_record_aside_before_submitting(tmp_path, monkeypatch, capsys):
+    """Ray (stand-in: tasks run at submission): the driver moves the earlier record to replaced/ itself before it
+    submits the run, as a worker on another filesystem would find nothing to move (the worker's own set-aside is
+    disabled here), and then writes the new record."""
+    import sys
+    import types
+
+    from clbench import records
+    from clbench.executors import RayExecutor
+    from tests._fakes import fake_ray
+
+    monkeypatch.setitem(sys.modules, "ray", fake_ray({}))
+    (before,) = RayExecutor().run_all(_specs(["naive"]), tmp_path)
+    monkeypatch.setattr("clbench.runner.replaced", types.SimpleNamespace(set_aside=lambda out, run_id: None))
+    capsys.readouterr()
+    (after,) = RayExecutor().run_all(_specs([{"name": "naive", "args": {"lr": 0.002}}]), tmp_path)
+    (kept,) = (tmp_path / "replaced").iterdir()
+    assert f"replacing {before.run_id}: its earlier record, artifacts kept in {kept}\n" in capsys.readouterr().err
+    assert records.read(kept / "runs" / f"{before.run_id}.json")["identity_hash"] == before.identity_hash
+    assert records.read(record_path(tmp_path, after.run_id))["identity_hash"] == after.identity_hash

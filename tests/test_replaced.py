@@ -48,6 +48,7 @@ def test_every_output_of_the_run_moves_to_one_results_folder_under_replaced(tmp_
                                                       f"state/{RUN}/memory.pt", f"state/{RUN}/owner.json")]
         + ["runs/other__naive__s0.json"])
     assert records.load_dir(kept.folder) == ([record], [])
+    assert records.load_dir(tmp_path)[0] == []                    # the folder's readers do not see replaced/
     moved = kept.folder / "runs" / f"{RUN}.json"
     assert records.state_dir(moved, records.read(moved)) == (kept.folder / "state" / RUN).resolve()
     assert kept.line() == f"replacing {RUN}: its earlier record, artifacts, state kept in {kept.folder}"
