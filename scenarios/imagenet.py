@@ -2,7 +2,10 @@
 
 ``split_imagenet_subset`` reads ``<root>/train/<wnid>/*.JPEG`` and ``<root>/val/<wnid>/*.JPEG`` (``root`` is a folder
 under a data root, e.g. ``imagenet100`` or the default ``tiny-imagenet-100``, or an absolute path) into memory once,
-optionally resized to ``image_size`` (otherwise all images must share a size, e.g. Tiny-ImageNet's 64 px).
+optionally resized to ``image_size`` (otherwise all images must share a size, e.g. Tiny-ImageNet's 64 px; images of
+mixed sizes are refused naming ``image_size``). ImageNet's official flat ``val/`` (the JPEGs directly in it) is
+labelled from ``LOC_val_solution.csv`` beside it (or Tiny-ImageNet's ``val_annotations.txt``); a flat ``val/``
+without one is refused with the fix (:func:`clbench.data.readers.read_flat_image_folder`).
 ``class_list`` selects classes: a file with one wnid per line (e.g. ``classes.tsv``) or a DER/PODNet ImageNet-100
 split file (``train/<wnid>/<file>.JPEG <label>`` lines); relative paths are looked up in ``root``. Original label ``i``
 is the ``i``-th selected wnid in sorted order, so ``class_order=1`` (DyTox's ImageNet-100 order, 100 classes only)

@@ -113,6 +113,50 @@ def test_image_folder_reader_labels_by_class_list_and_resizes(tmp_path):
     assert small.shape == (2, 4, 4, 3)
 
 
+def _imagenet_tree(root: Path, val_sizes: dict[str, int]) -> None:
+    """``root/train/<wnid>/`` (two 8 px JPEGs a class) and a flat ``root/val/`` of real JPEGs (ImageNet's official
+    validation layout), one per ``val_sizes`` entry ``file stem -> size``, with ``LOC_val_solution.csv`` beside it."""
+    make_image_folder(root / "train", {"n01": 2, "n02": 2})
+    (root / "val").mkdir()
+    truth = {"ILSVRC2012_val_00000001": "n02", "ILSVRC2012_val_00000002": "n01", "ILSVRC2012_val_00000003": "n03"}
+    for k, (stem, size) in enumerate(val_sizes.items()):
+        Image.fromarray(np.full((size, size, 3), 40 + 50 * k, np.uint8)).save(root / "val" / f"{stem}.JPEG")
+    (root / "LOC_val_solution.csv").write_text("ImageId,PredictionString\n" + "".join(
+        f"{stem},{wnid} 1 2 30 40 {wnid} 5 6 7 8\n" for stem, wnid in truth.items()))
+
+
+def test_imagenet_official_flat_val_is_labelled_by_its_ground_truth_file(tmp_path):
+    """JPEGs directly in val/ (was a raw FileNotFoundError in every run): labels from LOC_val_solution.csv, images
+    of classes not selected left out."""
+    from clbench.data.catalog import ImageFolderRead
+
+    _imagenet_tree(tmp_path, {f"ILSVRC2012_val_0000000{k}": 8 for k in (1, 2, 3)})
+    arrays = ImageFolderRead()({"train": tmp_path / "train", "val": tmp_path / "val"})
+    assert arrays.class_names == ("n01", "n02") and arrays.y_test.tolist() == [1, 0]
+    assert [abs(int(v) - want) <= 3 for v, want in zip(arrays.x_test[:, 4, 4, 0], (40, 90))] == [True, True]
+    (tmp_path / "LOC_val_solution.csv").unlink()
+    with pytest.raises(ValueError, match="holds its images directly, without class folders, and no ground-truth "
+                                         "file .* put ImageNet's LOC_val_solution.csv beside val/"):
+        ImageFolderRead()({"train": tmp_path / "train", "val": tmp_path / "val"})
+
+
+def test_images_of_mixed_sizes_are_refused_naming_image_size(tmp_path):
+    from clbench.data.catalog import ImageFolderRead
+
+    _imagenet_tree(tmp_path, {"ILSVRC2012_val_00000001": 8, "ILSVRC2012_val_00000002": 12})
+    paths = {"train": tmp_path / "train", "val": tmp_path / "val"}
+    with pytest.raises(ValueError, match=r"images of different sizes \(8x8, 12x12\); set the scenario's image_size"):
+        ImageFolderRead()(paths)
+    assert ImageFolderRead(size=6)(paths).x_test.shape == (2, 6, 6, 3)
+    (tmp_path / "val" / "ILSVRC2012_val_00000002.JPEG").unlink()
+    Image.fromarray(np.zeros((12, 12, 3), np.uint8)).save(tmp_path / "val" / "ILSVRC2012_val_00000002.JPEG")
+    (tmp_path / "val" / "ILSVRC2012_val_00000001.JPEG").unlink()
+    Image.fromarray(np.zeros((12, 12, 3), np.uint8)).save(tmp_path / "val" / "ILSVRC2012_val_00000001.JPEG")
+    with pytest.raises(ValueError, match=r"its images are 12x12 and those of .*train 8x8; set the scenario's "
+                                         r"image_size"):
+        ImageFolderRead()(paths)
+
+
 def test_class_list_reader_accepts_wnid_lines_and_split_file_lines(tmp_path):
     (tmp_path / "classes.tsv").write_text("n01\tgoldfish, Carassius\n\n# comment\nn03\tfrog\nn01\tagain\n")
     assert readers.read_class_list(tmp_path / "classes.tsv") == ["n01", "n03"]

@@ -182,7 +182,8 @@ CIFAR100 = DatasetSpec("cifar100", (
 
 @dataclass(frozen=True)
 class ImageFolderRead:
-    """Reads ``train/`` and ``val/`` of an image-folder root. The classes are the wnids listed in ``class_list``
+    """Reads ``train/`` and ``val/`` of an image-folder root (``val/`` with class folders, or flat with a ground-truth
+    file: :func:`clbench.data.readers.read_flat_image_folder`). The classes are the wnids listed in ``class_list``
     (see :func:`clbench.data.readers.read_class_list`; a relative path is looked up in the dataset folder), else all
     folders of ``train/``; label ``i`` is the ``i``-th of them in sorted order (ImageFolder's convention)."""
 
@@ -195,7 +196,13 @@ class ImageFolderRead:
         else:
             classes = sorted(readers.read_class_list(paths["train"].parent / self.class_list))
         x_train, y_train = readers.read_image_folder(paths["train"], classes, self.size)
-        x_test, y_test = readers.read_image_folder(paths["val"], classes, self.size)
+        flat = not any((paths["val"] / name).is_dir() for name in classes)    # ImageNet's official val/ layout
+        read_val = readers.read_flat_image_folder if flat else readers.read_image_folder
+        x_test, y_test = read_val(paths["val"], classes, self.size)
+        if x_test.shape[1:] != x_train.shape[1:]:
+            raise ValueError(f"{paths['val']}: its images are {x_test.shape[2]}x{x_test.shape[1]} and those of "
+                             f"{paths['train']} {x_train.shape[2]}x{x_train.shape[1]}; set the scenario's image_size "
+                             f"(e.g. image_size: 64) to resize them all.")
         return SplitArrays(x_train, y_train, x_test, y_test, class_names=tuple(classes))
 
 
