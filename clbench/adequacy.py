@@ -171,8 +171,9 @@ def measure(strategy: StrategyBase, scenario: Scenario, step: int, offline: bool
 # ------------------------------------------------------------------------------------------------------------ flags
 @dataclass(frozen=True)
 class Flag:
-    """One record's flag: ``kind`` ("not learned" / "not converged"), the 0-based ``steps`` where it holds and the
-    ``source`` of the numbers ("train" / "test" for accuracy, "record" / "log" for the loss)."""
+    """One record's flag: ``kind`` ("not learned" / "not converged"), the 0-based ``steps`` where it holds (shown
+    from 1 by :func:`row_flags`) and the ``source`` of the numbers ("train" / "test" for accuracy, "record" / "log"
+    for the loss)."""
 
     kind: str
     steps: tuple[int, ...]
@@ -259,7 +260,8 @@ def unchecked(record: Mapping[str, Any], root: str | Path | None = None) -> tupl
 
 def row_flags(records: Sequence[Mapping[str, Any]], root: str | Path | None = None) -> str:
     """The flag text of one leaderboard row: per kind, the seeds flagged out of the row's finished seeds, the union
-    of their steps (0-based) and the sources, e.g. ``not learned (2/3 seeds; steps 2,4,5; test)``, then each check
+    of their steps counted from 1 (as the plots: step 1 trains the first experience) and the sources, e.g.
+    ``not learned (2/3 seeds; steps 2,4,5; test)``, then each check
     that could not be made (:func:`unchecked`); "" only when both checks were made on every seed and none flags."""
     finished = [r for r in records if r.get("status") == "finished"]
     found: dict[str, list[Flag]] = {}
@@ -269,7 +271,7 @@ def row_flags(records: Sequence[Mapping[str, Any]], root: str | Path | None = No
     parts = []
     for kind in ("not learned", "not converged"):
         if kind in found:
-            steps = ",".join(map(str, sorted({s for f in found[kind] for s in f.steps})))
+            steps = ",".join(str(s + 1) for s in sorted({s for f in found[kind] for s in f.steps}))
             sources = "+".join(sorted({f.source for f in found[kind]}))
             parts.append(f"{kind} ({len(found[kind])}/{len(finished)} seeds; "
                          f"step{'s' if ',' in steps else ''} {steps}; {sources})")
@@ -280,7 +282,7 @@ def row_flags(records: Sequence[Mapping[str, Any]], root: str | Path | None = No
 FLAGS_LEGEND = (f"Flags (clbench/adequacy.py): `not learned` = accuracy on the data of a step just trained "
                 f"below {LEARNED}/k for its k classes at some step; `not converged` = the last fifth of a step's "
                 f"epochs still removed at least {CONVERGED:.0%} of its first epoch's loss; seeds flagged / finished, "
-                f"steps counted from 0 (step i trains experience i, as in R[i, j] and the plots), source: train (a <= "
+                f"steps counted from 1 as in the plots (step 1 trains the first experience), source: train (a <= "
                 f"{SAMPLE}-item subsample of the step's training data), test "
                 f"(R[i, i], records without adequacy), record or log (the committed training log). A check that could "
                 f"not be made is said: `convergence n/a: 2 epochs` (the rule needs {MIN_EPOCHS} epochs a step), "

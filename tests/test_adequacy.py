@@ -101,7 +101,7 @@ def test_a_record_without_adequacy_is_read_from_its_matrix_and_committed_log(tmp
 def test_a_rows_flag_is_the_union_over_its_seeds_with_the_count():
     records = [_record(0, [0.9, 0.9, 0.9]), _record(1, [0.9, 0.5, 0.9]), _record(2, [0.9, 0.9, 0.6]),
                {**_record(3, [0.1, 0.1, 0.1]), "status": "failed"}]
-    assert adequacy.row_flags(records) == "not learned (2/3 seeds; steps 1,2; train)"
+    assert adequacy.row_flags(records) == "not learned (2/3 seeds; steps 2,3; train)"   # steps from 1
     assert adequacy.row_flags(records[:1]) == ""
 
 
@@ -111,13 +111,13 @@ def test_the_leaderboard_and_report_show_a_rows_flag_beside_its_numbers():
                  "spec": {**records[0]["spec"], "strategy": {"name": "b", "label": "", "preset": "cpu", "args": {}}}}
                 for s in (0, 1)]
     table = leaderboard.build(records)
-    assert dict(zip(table["strategy"], table["flags"])) == {"a": "not learned (1/2 seeds; step 1; train)", "b": ""}
+    assert dict(zip(table["strategy"], table["flags"])) == {"a": "not learned (1/2 seeds; step 2; train)", "b": ""}
     md = leaderboard.to_markdown(table).splitlines()
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in md[:4]]
-    assert [row[10] for row in cells] == ["flags", "---", "not learned (1/2 seeds; step 1; train)", ""]
+    assert [row[10] for row in cells] == ["flags", "---", "not learned (1/2 seeds; step 2; train)", ""]
     assert adequacy.FLAGS_LEGEND in md
     report = suite_report.render(records, [], "out")
-    assert "| `a` |" in report and "not learned (1/2 seeds; step 1; train) |" in report
+    assert "| `a` |" in report and "not learned (1/2 seeds; step 2; train) |" in report
 
 
 def test_a_paired_statistic_with_a_flagged_row_is_marked():

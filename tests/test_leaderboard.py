@@ -415,11 +415,11 @@ def test_adequacy_flags_become_a_column_and_a_markdown_column_with_its_legend():
     good = _record("replay", 0, 70.0, 60.0)
     good["adequacy"] = _adequacy(0.9)
     table = leaderboard.build(bad + [good])
-    assert list(table["flags"]) == ["", "not learned (1/2 seeds; step 1; train)"]
+    assert list(table["flags"]) == ["", "not learned (1/2 seeds; step 2; train)"]
     md = leaderboard.to_markdown(table).splitlines()
     assert md[0] == HEADER.replace("| bwt |", "| bwt | flags |")
     assert md[2].endswith("| -5.00 (n=1) |  | 1.000 | 0.500 | 2.0 | 3.0 |")
-    assert md[3].endswith("| -5.00 ± 0.00 | not learned (1/2 seeds; step 1; train) | 1.000 | 0.500 | 2.0 | 3.0 |")
+    assert md[3].endswith("| -5.00 ± 0.00 | not learned (1/2 seeds; step 2; train) | 1.000 | 0.500 | 2.0 | 3.0 |")
     assert md[4:] == ["", leaderboard.LEGEND, "", adequacy.FLAGS_LEGEND, "", "Machine: cpu: test"]
 
 
@@ -441,7 +441,7 @@ def test_flags_of_records_without_adequacy_read_the_committed_training_log(tmp_p
     log.parent.mkdir(parents=True)
     log.write_text("".join(json.dumps({"member": "", "experience": 0, "epoch": e, "step": e, "loss": loss}) + "\n"
                            for e, loss in enumerate([1.0, 0.8, 0.6, 0.4, 0.2])))
-    expected = "not converged (1/1 seeds; step 0; log)"
+    expected = "not converged (1/1 seeds; step 1; log)"
     assert leaderboard.build([record], tmp_path)["flags"][0] == expected
     assert leaderboard.build([record])["flags"][0] == ""
     assert leaderboard.write(tmp_path, [record])["flags"][0] == expected

@@ -330,7 +330,7 @@ def test_flagged_rows_say_so_beside_their_numbers_and_in_a_flags_column():
     for r in records:
         if r["status"] == "finished":
             r["adequacy"] = _adequacy(0.1 if r["run_id"] in ("sc__b__s0", "sc__joint__s1") else 0.9)
-    flag = "[not learned (1/2 seeds; step 1; train)]"
+    flag = "[not learned (1/2 seeds; step 2; train)]"
     lines = suite_report.render(records, [], OUT).splitlines()
     start = lines.index("- best `avg_inc_acc` (highest): `a` with 82.00 ± 2.83")
     assert lines[start:start + 13] == [
@@ -359,7 +359,7 @@ def test_the_report_reads_flags_from_training_logs_under_its_folder(tmp_path):
     log.write_text("".join(json.dumps({"member": "", "experience": 0, "epoch": e, "step": e, "loss": loss}) + "\n"
                            for e, loss in enumerate([1.0, 0.8, 0.6, 0.4, 0.2])))
     text = suite_report.render([record], [], tmp_path)
-    assert "| 1 | `a` | 1 | 80.00 (n=1) | 60.00 (n=1) | 30.00 (n=1) | 1 | not converged (1/1 seeds; step 0; log) |" \
+    assert "| 1 | `a` | 1 | 80.00 (n=1) | 60.00 (n=1) | 30.00 (n=1) | 1 | not converged (1/1 seeds; step 1; log) |" \
         in text.splitlines()
 
 

@@ -128,7 +128,7 @@ def diag_table(records: list[dict], options: dict[str, str]) -> str:
         steps = " / ".join(f"{v:.1f}" for v in diagonals.mean(axis=0))
         rows.append((scenario, -float(diagonals.mean()), row, len(members), pm(last),
                      pm(list(diagonals.mean(axis=1))), steps))
-    lines = ["| scenario | row | seeds | last_acc | diag | R[i, i] for i = 0, 1, ... (mean over seeds) |",
+    lines = ["| scenario | row | seeds | last_acc | diag | R[i, i] at steps 1, 2, ... (mean over seeds) |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {s} | {row} | {n} | {last} | {diag} | {steps} |" for s, _, row, n, last, diag, steps in sorted(rows)]
     return "\n".join(lines) + "\n"
