@@ -127,11 +127,12 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
 
 
 def _one_line_errors() -> tuple[type[Exception], ...]:
-    """The errors a command ends with as one ``error:`` line and exit code 2 (:mod:`clbench.records`, which imports
-    numpy, only once a command has failed: not for ``--help``, ``list`` or a refusal before the imports)."""
-    from clbench.records import CorruptRecord
-
-    return ConfigError, UnknownNameError, FileNotFoundError, CorruptRecord, OutputError, PluginError
+    """The errors a command ends with as one ``error:`` line and exit code 2; :mod:`clbench.records`' CorruptRecord
+    only where that module was imported (it imports numpy: not for a refusal before the imports, which cannot have
+    read a record)."""
+    records = sys.modules.get("clbench.records")
+    return (ConfigError, UnknownNameError, FileNotFoundError, OutputError, PluginError,
+            *((records.CorruptRecord,) if records is not None else ()))
 
 
 def _configure_process(args: argparse.Namespace) -> None:

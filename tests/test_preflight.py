@@ -1,6 +1,7 @@
 """The refusals that the command line alone decides (:func:`clbench.commands.run._check_before_imports` and
 :mod:`clbench.preflight`): each one line and exit code 2, before the suite's modules, torch or Avalanche are imported
-(they came after 9-13 s of imports; benchmarks/refusal_time.py times each kind)."""
+(they came after 9-13 s of imports; benchmarks/refusal_time.py times each kind), nor numpy (the failure path
+imported it through clbench.records)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ for argv, env, fsize in json.loads(sys.argv[1]):
     for key in env:
         del os.environ[key]
     out.append([code, err.getvalue()])
-heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'avalanche', 'continuum') or
+heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'avalanche', 'continuum', 'numpy') or
                m.startswith(('clbench.strategies.', 'clbench.scenarios.', 'clbench.models.')))
 print(json.dumps([out, heavy]))
 """
