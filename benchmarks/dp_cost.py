@@ -33,12 +33,21 @@ ratio on this workload).
   ``vit_cls_token_pos_table`` (``--models zoo`` runs all five). opacus runs them after ``ModuleValidator.fix``
   (its own attention module in place of nn.MultiheadAttention), or reports why it cannot.
 
+- ``vit_ratio``: the private / non-private step on the small ViT alone (``--batch``, default 64), the two interleaved
+  step by step in one process after a warm-up step each (the private one runs the first-step checks): the median of
+  the per-round ratios, in wall-clock and in this process's CPU time.
+- ``fallback``: the exact fallback's cost per module (:mod:`clbench.privacy.fallback`) for the layers of
+  :func:`fallback_modules` at batch :data:`FALLBACK_BATCH`: the replay of one recorded call (``vmap`` of ``vjp``,
+  the per-sample gradients of the module's own parameters) against one forward + backward of the module over the
+  batch, interleaved (median of the per-round ratios, CPU time), and the ``B × |θ|`` numbers the replay forms.
+
 - ``phantom_ghost``: Phantom Clipping against Ghost Clipping (Ding et al.'s headline comparison, their Figure 8) on
   64 real Games windows, every position trained: ours on the tied SeqRec (d = 64) against opacus's ghost clipping
   (``GradSampleModuleFastGradientClipping``) on the paper's workaround for a method that cannot share the embedding,
   the untied model at half the width (d = 32, about the same number of parameters); time and memory ratios.
 
-    python benchmarks/dp_cost.py [--models vit seq games phantom_ghost zoo ...] [--steps 5] [--threads 1] [--dim 64]
+    python benchmarks/dp_cost.py [--models vit seq games phantom_ghost zoo vit_ratio fallback ...] [--steps 5]
+        [--threads 1] [--dim 64]
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ from clbench.callbacks import CallbackContext
 from clbench.models.seqrec import SeqRec, next_item_loss, target_loss
 from clbench.models.vit import vit
 from clbench.privacy import PrivateTraining, per_sample_grad_norms
+from clbench.privacy.tape import Tape
 from clbench.protocol import ClassificationInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))        # the repository's tests/ (the zoo) first
@@ -430,10 +440,103 @@ def phantom_vs_ghost(steps: int, threads: int) -> None:
                                                                             ("phantom", "nonprivate")) else ""))
 
 
+def vit_ratio(batch: int, steps: int, dim: int) -> None:
+    """The private / non-private ViT step, interleaved (module docstring): median of the per-round ratios."""
+    runners = {}
+    for mode in ("nonprivate", "ours"):
+        model, loss, x, y = workload("vit", batch, torch.device("cpu"), dim)
+        runners[mode] = (make_step(mode, model, loss, batch), x, y)
+        runners[mode][0](x, y)                       # warm-up (the private step's first-step checks)
+    clocks = {"wall": time.perf_counter, "cpu": time.process_time}
+    ratios = {clock: [] for clock in clocks}
+    for _ in range(steps):
+        took = {}
+        for mode, (step, x, y) in runners.items():
+            start = {clock: now() for clock, now in clocks.items()}
+            step(x, y)
+            took[mode] = {clock: now() - start[clock] for clock, now in clocks.items()}
+        for clock in clocks:
+            ratios[clock].append(took["ours"][clock] / took["nonprivate"][clock])
+    print(f"\nvit_ratio: small ViT (dim {dim}), batch {batch}, {steps} interleaved rounds after a warm-up step")
+    for clock, values in ratios.items():
+        print(f"private / non-private ({clock} time): {statistics.median(values):.2f}x (median; rounds "
+              f"{', '.join(f'{r:.2f}' for r in values)})")
+
+
+FALLBACK_BATCH = 64
+
+
+class Bare(nn.Module):
+    """``tanh(F.linear(x, W))`` with a bare ``W: (256, 64)`` on ``(B, T, 64)`` tokens: no ghost rule follows it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(256, 64) / 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(F.linear(x, self.w))
+
+
+class Pair(nn.Module):
+    """``bilinear(x, x)``: an ``nn.Bilinear`` called on one input twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bilinear = nn.Bilinear(64, 64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bilinear(x, x)
+
+
+def fallback_modules() -> dict[str, tuple[nn.Module, nn.Module, torch.Tensor]]:
+    """name -> ``(root, the module the fallback replays, input)`` at batch :data:`FALLBACK_BATCH`; tokens are
+    ``(B, 65, 64)`` (the small ViT's)."""
+    g = torch.Generator().manual_seed(0)
+    b = FALLBACK_BATCH
+    tokens, vectors = torch.randn(b, 65, 64, generator=g), torch.randn(b, 64, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hooked = nn.utils.weight_norm(nn.Linear(64, 256))
+    parametrized = nn.utils.parametrizations.weight_norm(nn.Linear(64, 256))
+    bare, pair, prelu, conv3d = Bare(), Pair(), nn.PReLU(64), nn.Conv3d(4, 8, 3)
+    return {"F.linear on a bare weight (256x64), tokens": (bare, bare, tokens),
+            "weight_norm Linear 64->256 (parametrization), tokens": (parametrized, parametrized, tokens),
+            "weight_norm Linear 64->256 (old hook), tokens": (hooked, hooked, tokens),
+            "nn.Bilinear(64, 64, 64), vectors": (pair, pair.bilinear, vectors),
+            "nn.PReLU(64), vectors": (prelu, prelu, vectors),
+            "nn.Conv3d(4, 8, 3) on 4x8x8x8": (conv3d, conv3d, torch.randn(b, 4, 8, 8, 8, generator=g))}
+
+
+def fallback_cost(steps: int) -> None:
+    """The fallback's replay of one recorded call against one forward + backward of the module (module docstring)."""
+    print(f"\nfallback: cost per module call, batch {FALLBACK_BATCH}, {steps} interleaved rounds (CPU time)")
+    print(f"{'module':<55}{'|θ|':>8}{'fwd+bwd ms':>12}{'replay ms':>11}{'replay / fwd+bwd':>18}")
+    for name, (root, module, x) in fallback_modules().items():
+        with Tape(root) as tape:
+            out = root(x)
+            g = torch.randn_like(out)
+            out.backward(g)
+            calls, rule = tape.calls[module], tape.rules[module]
+        base, replay = [], []
+        for _ in range(steps + 1):
+            start = time.process_time()
+            root.zero_grad(set_to_none=True)
+            root(x).backward(g)
+            base.append(time.process_time() - start)
+            start = time.process_time()
+            rule.operands(module, calls)
+            replay.append(time.process_time() - start)
+        base, replay = base[1:], replay[1:]               # the first round: warm-up
+        size = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        ratio = statistics.median(r / b for r, b in zip(replay, base))
+        print(f"{name:<55}{size:>8}{statistics.median(base) * 1e3:>12.1f}{statistics.median(replay) * 1e3:>11.1f}"
+              f"{ratio:>17.1f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["vit", "seq"],
-                        choices=["vit", "seq", "games", "phantom_ghost", "zoo", *ZOO])
+                        choices=["vit", "seq", "games", "phantom_ghost", "zoo", "vit_ratio", "fallback", *ZOO])
     parser.add_argument("--batch", type=int, default=0, help="default: 256 for vit, 64 for seq (games: 256)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
@@ -453,6 +556,12 @@ def main() -> None:
             continue
         if name == "phantom_ghost":
             phantom_vs_ghost(args.steps, args.threads)
+            continue
+        if name == "vit_ratio":
+            vit_ratio(args.batch or 64, args.steps, args.dim)
+            continue
+        if name == "fallback":
+            fallback_cost(args.steps)
             continue
         batch = args.batch or (ZOO_BATCH if name in ZOO else {"vit": 256, "seq": 64}[name])
         times = timing(name, batch, args.steps, device, args.dim)

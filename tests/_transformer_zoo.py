@@ -441,6 +441,15 @@ def _sliced_positions(s: Sizes) -> nn.Module:
     return _Head(_Lambda(lambda m, x: (x + m.pos[:, :x.shape[1]]).mean(1), {"pos": torch.randn(1, 2 * s.length, 8)}))
 
 
+def _hook_weight_norm() -> nn.Module:
+    """The old hook-based ``torch.nn.utils.weight_norm``: a Linear whose ``weight_g`` and ``weight_v`` replace its
+    weight, recomputed by a forward pre-hook (deprecated by torch, still common in audio models)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return nn.utils.weight_norm(nn.Linear(8, 8))
+
+
 def _mha_kdim_vdim() -> nn.Module:
     attn = nn.MultiheadAttention(8, 2, kdim=5, vdim=3, batch_first=True)
     return _Lambda(lambda m, x: m.attn(x, x[..., :5], x[..., 5:], need_weights=False)[0].mean(1), attn=attn)
@@ -458,6 +467,7 @@ COVERAGE = {
                                                            {"w": torch.randn(8, 8) * 0.3})), _features, labels, False),
     "weight_norm_parametrization": (lambda s: _Head(nn.utils.parametrizations.weight_norm(nn.Linear(8, 8))),
                                     _features, labels, False),
+    "weight_norm_hook_based": (lambda s: _Head(_hook_weight_norm()), _features, labels, False),
     "rmsnorm": (lambda s: _Head(nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8))), _features, labels, False),
     "conv1d": (lambda s: _Head(nn.Conv1d(4, 2, 3, padding=1), 16), _series, labels, False),
     "bilinear": (lambda s: _Head(_Lambda(lambda m, x: m.bil(x, x), bil=nn.Bilinear(8, 8, 8))), _features, labels,

@@ -70,3 +70,65 @@ def test_what_cannot_be_replayed_is_refused_naming_the_module(use, named):
     with pytest.raises(UnsupportedLayerError, match=f"Direct at '<root>' has no ghost rule and torch.func could not "
                                                     f"replay its forward per sample .*{named}"):
         per_sample_grad_norms(Direct(use), ce, x, y)
+
+
+class Masked(nn.Module):
+    """Attention over each sample's tokens with a bare query map and a causal ``(T, T)`` mask shared by the samples,
+    in a child module without a ghost rule (replayed) called with the mask as an argument, beside a Linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix, self.head = _Mix(), nn.Linear(6, 3)
+
+    def forward(self, x):
+        t = x.shape[1]
+        return self.head(self.mix(x, torch.full((t, t), float("-inf")).triu(1)).mean(1))
+
+
+class _Mix(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 6) * 0.4)
+
+    def forward(self, x, mask):
+        return torch.softmax((x @ self.w) @ x.transpose(1, 2) + mask, -1) @ x
+
+
+def test_a_shared_mask_whose_size_is_not_the_batch_is_given_whole_and_exact():
+    model = Masked()
+    x, y = torch.randn(5, 4, 6, generator=torch.Generator().manual_seed(3)), torch.arange(5) % 3
+    torch.testing.assert_close(per_sample_grad_norms(model, ce, x, y), vmap_norms(model, ce, x, y), rtol=RTOL, atol=0)
+
+
+def test_a_shared_mask_whose_leading_size_equals_the_batch_is_refused_not_split():
+    """A (T, T) mask with T = B looks like a per-sample input; the replay, which would split it by sample, does not
+    reproduce the module's output and the call is refused in one line (never a wrong norm)."""
+    model = Masked()
+    x, y = torch.randn(4, 4, 6, generator=torch.Generator().manual_seed(3)), torch.arange(4) % 3
+    with pytest.raises(UnsupportedLayerError, match=r"_Mix at 'mix'.*did not reproduce its output.*\(T, T\) mask"):
+        per_sample_grad_norms(model, ce, x, y)
+
+
+@pytest.mark.parametrize("recompute", [
+    lambda layer: nn.utils.weight_norm(layer),
+    lambda layer: nn.utils.prune.random_unstructured(layer, "weight", amount=0.5)],
+    ids=["hook_weight_norm", "prune"])
+def test_a_layer_whose_weight_a_pre_hook_recomputes_is_replayed_exactly(recompute, recwarn):
+    """The old hook-based weight_norm and torch's pruning replace a Linear's weight by other parameters through a
+    forward pre-hook: the Linear rule does not apply, the call is replayed (the hook included)."""
+    torch.manual_seed(0)
+    layer = recompute(nn.Linear(6, 6))
+    model = nn.Sequential(layer, nn.Tanh(), nn.Linear(6, 3))
+    x, y = _data()
+    with Tape(model) as tape:
+        assert tape.rules[layer] is fallback.OWNED
+    torch.testing.assert_close(per_sample_grad_norms(model, ce, x, y), vmap_norms(model, ce, x, y), rtol=RTOL, atol=0)
+
+
+def test_the_old_spectral_norm_is_refused_by_the_invariant(recwarn):
+    """spectral_norm's pre-hook steps its power iteration in place at each call: not replayed; the Linear rule does
+    not explain ``weight_orig``, and the first-step invariant refuses it by name."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.utils.spectral_norm(nn.Linear(6, 6)), nn.Tanh(), nn.Linear(6, 3))
+    with pytest.raises(UnsupportedLayerError, match=r"gradient of parameter 0\.weight_orig"):
+        per_sample_grad_norms(model, ce, *_data())

@@ -78,3 +78,17 @@ def test_dropout_is_held_fixed_and_the_random_stream_left_as_it_was():
     torch.manual_seed(3)
     model(x)
     assert torch.equal(torch.rand(3), after_check)
+
+
+def test_the_replays_run_without_gradients_so_a_pattern_recorder_skips_them():
+    """Other forward hooks see the check's two replays, but without gradients: the dual-form PatternRecorder's hook
+    (like any hook that records training) records the training forward only."""
+    from clbench.analysis.dual_form import _Layer
+
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    grad_enabled = []
+    model[0].register_forward_hook(lambda m, args, out: grad_enabled.append(torch.is_grad_enabled()))
+    recorder = _Layer("0", model[0], lambda: None)
+    per_sample_grad_norms(model, ce, *_data())
+    assert grad_enabled == [True, False, False]          # the training forward, then the two replays
+    assert len(recorder.calls) == 1 and recorder.calls[0]["g"] is not None

@@ -247,11 +247,12 @@ def test_bare_parameter_used_otherwise_is_replayed_exactly(use):
 
 
 def test_bare_parameter_put_in_place_of_a_sample_is_refused_naming_it():
-    """``cat([P, x[1:]], 0)``: the parameter takes sample 0's place; no replay of one sample gives that, and the
-    first-step invariant refuses the parameter by name."""
+    """``cat([P, x[1:]], 0)``: the parameter takes sample 0's place; no replay of one sample gives that: the replay
+    does not reproduce the call's output and the module is refused by name."""
     x = torch.randn(4, T, D, generator=torch.Generator().manual_seed(8))
     model = _Scaled(lambda x, p: torch.cat([p.expand(1, T, -1), x[1:]], 0))
-    with pytest.raises(UnsupportedLayerError, match=r"explain only part of the gradient of parameter scale"):
+    with pytest.raises(UnsupportedLayerError, match=r"_Scaled at '<root>'.*did not reproduce its output.*a "
+                                                    r"parameter takes a sample's place"):
         per_sample_grad_norms(model, ce, x, _labels())
 
 

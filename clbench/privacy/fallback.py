@@ -14,8 +14,10 @@ parameters are constants of the replay (their rules answer for them) and the tap
 (:data:`~clbench.privacy.rules.REPLAYING`). Exact when each sample's output depends on that sample alone (checked
 before the first step, :mod:`clbench.privacy.independence`) and the forward is deterministic: a random operation
 (dropout in training) or an ``autograd.Function`` without a vmap rule cannot be replayed and is refused, naming the
-module and the error. The first-step invariant (:meth:`~clbench.privacy.tape.Tape.explain`) checks the replay's
-``Σ_i ∇θ_i`` against autograd like every rule's.
+module and the error. The replay's outputs (from the same ``vjp``) must equal the recorded call's, sample by sample,
+at every step, else the call is refused: an input shared by the samples whose leading size happens to equal the
+batch (a ``(T, T)`` mask with ``T = B``) is split by sample, and caught there. The first-step invariant
+(:meth:`~clbench.privacy.tape.Tape.explain`) checks the replay's ``Σ_i ∇θ_i`` against autograd like every rule's.
 
 Two rules use it (:func:`rule_for`):
 
@@ -25,8 +27,10 @@ Two rules use it (:func:`rule_for`):
 - :data:`REPLAYED`, for a parametrized module (``torch.nn.utils.parametrizations.weight_norm``, ...): the module and
   its parametrizations' originals, replayed whole.
 
-Cost per call of the module: one forward and one backward of the module per sample, batched by ``vmap`` (about a
-forward and backward of the module over the batch), and ``B × |θ_module|`` numbers for the per-sample gradients.
+Cost per call of the module: one forward and one backward of the module per sample, batched by ``vmap``, and
+``B × |θ_module|`` numbers for the per-sample gradients: measured 2-5× the module's own forward + backward over the
+batch for matrix-product layers, far more for ``nn.Bilinear`` (docs/privacy.md, ``benchmarks/dp_cost.py --models
+fallback``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 from torch.nn.utils import parametrize
+from torch.nn.utils.prune import BasePruningMethod
+from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from clbench.privacy import bare
@@ -62,13 +68,14 @@ CHUNK = 16
 class Forward:
     """One forward call of a module, kept for its replay: the input leaves (``args`` and ``kwargs`` flattened,
     tensors detached) and their structure, the positions of the output tensors that carry a gradient among the
-    output's tensors (``traced``) with their zero gradient (``blank``, for one that receives none), the module's
-    name (``where``) and, after the backward, the gradients received (``grads``, by position in ``traced``)."""
+    output's tensors (``traced``) with their values (``outputs``, detached: what the replay must reproduce), the
+    module's name (``where``) and, after the backward, the gradients received (``grads``, by position in
+    ``traced``; zero for one that received none)."""
 
     inputs: list[Any]
     spec: Any
     traced: list[int]
-    blank: list[Tensor]
+    outputs: list[Tensor]
     where: str
     grads: dict[int, Tensor] = field(default_factory=dict)
 
@@ -124,7 +131,7 @@ def _install(module: nn.Module, record: Recorder, follow: bool) -> list:
             return
         leaves, spec = tree_flatten((args, kwargs))
         forward = Forward([t.detach() if isinstance(t, Tensor) else t for t in leaves], spec, traced,
-                          [torch.zeros_like(outs[k]) for k in traced], record.where)
+                          [outs[k].detach() for k in traced], record.where)
         for position, k in enumerate(traced):
             record(Call((), outs[k], role=Leaf(forward, position)))
 
@@ -134,13 +141,14 @@ def _install(module: nn.Module, record: Recorder, follow: bool) -> list:
 
 def replay(module: nn.Module, forward: Forward, batch: int) -> dict[str, Tensor]:
     """``{name: ∇θ_i (B, *θ.shape)}`` of one call's per-sample gradients (see the module docstring). An input
-    tensor whose leading dimension is ``batch`` is split by sample; any other input is given whole to every sample."""
+    tensor whose leading dimension is ``batch`` is split by sample; any other input is given whole to every sample.
+    The replay's outputs must reproduce the call's (:func:`reproduced`), else the call is refused."""
     params = {n: p.detach() for n, p in own(module).items()}
     batched = [isinstance(t, Tensor) and t.dim() > 0 and t.shape[0] == batch for t in forward.inputs]
     tensors = [t for t, b in zip(forward.inputs, batched) if b]
-    grads = [forward.grads.get(k, blank) for k, blank in enumerate(forward.blank)]
+    grads = [forward.grads.get(k, torch.zeros_like(out)) for k, out in enumerate(forward.outputs)]
 
-    def one(theta: dict[str, Tensor], sample: list[Tensor], g: list[Tensor]) -> dict[str, Tensor]:
+    def one(theta: dict[str, Tensor], sample: list[Tensor], g: list[Tensor]) -> tuple[dict[str, Tensor], tuple]:
         it = iter(sample)
         leaves = [next(it).unsqueeze(0) if b else t for t, b in zip(forward.inputs, batched)]
         args, kwargs = tree_unflatten(leaves, forward.spec)
@@ -148,13 +156,13 @@ def replay(module: nn.Module, forward: Forward, batch: int) -> dict[str, Tensor]
         def call(theta: dict[str, Tensor]) -> tuple[Tensor, ...]:
             outs = _tensors(functional_call(module, theta, tuple(args), kwargs, strict=False))
             return tuple(outs[k] for k in forward.traced)
-        _, pull = vjp(call, theta)
-        return pull(tuple(gi.unsqueeze(0) for gi in g))[0]
+        outs, pull = vjp(call, theta)
+        return pull(tuple(gi.unsqueeze(0) for gi in g))[0], outs
 
     token = REPLAYING.set(True)
     try:
         with torch.no_grad():
-            return vmap(one, in_dims=(None, 0, 0), chunk_size=CHUNK)(params, tensors, grads)
+            found, outs = vmap(one, in_dims=(None, 0, 0), chunk_size=CHUNK)(params, tensors, grads)
     except (RuntimeError, NotImplementedError) as exc:
         raise UnsupportedLayerError(
             f"per-sample gradient norms: {type(module).__qualname__} at {forward.where or '<root>'!r} has no ghost "
@@ -164,6 +172,28 @@ def replay(module: nn.Module, forward: Forward, batch: int) -> dict[str, Tensor]
             f"clbench.privacy.register_rule.") from exc
     finally:
         REPLAYING.reset(token)
+    if not all(reproduced(have, want) for have, want in zip(outs, forward.outputs)):
+        shared = [tuple(t.shape) for t, b in zip(forward.inputs, batched) if b]
+        raise UnsupportedLayerError(
+            f"per-sample gradient norms: {type(module).__qualname__} at {forward.where or '<root>'!r} has no ghost "
+            f"rule, and its replay on each sample's inputs did not reproduce its output, so its per-sample "
+            f"gradients cannot be read off the replay: a sample's output there is not a function of that sample's "
+            f"inputs alone (inputs of shapes {shared} were split by sample, their leading size being the batch size "
+            f"{batch}: one shared by the samples, e.g. a (T, T) mask with T = {batch}, needs another leading size, "
+            f"mask[None]; or a parameter takes a sample's place); or add a rule with "
+            f"clbench.privacy.register_rule.")
+    return found
+
+
+def reproduced(replayed: Tensor, recorded: Tensor) -> bool:
+    """Whether the replay's per-sample outputs ``(B, 1, ...)`` equal the recorded ``(B, ...)`` to ``√ε`` of the
+    dtype relative to the recorded output's largest entry."""
+    if replayed.shape[2:] != recorded.shape[1:] or replayed.shape[:2] != (len(recorded), 1):
+        return False
+    if not recorded.is_floating_point() or not recorded.numel():
+        return bool(torch.equal(replayed.squeeze(1), recorded))
+    scale = float(recorded.abs().max())
+    return float((replayed.squeeze(1) - recorded).abs().max()) <= torch.finfo(recorded.dtype).eps ** 0.5 * scale
 
 
 def _operands(module: nn.Module, calls: list[Call]) -> tuple[LinearParts, DirectParts]:
@@ -189,12 +219,23 @@ REPLAYED = parts_rule(lambda *args: None, _operands, hook=lambda m, record, rule
 """The rule of a parametrized module: replayed whole, its parametrizations' originals included."""
 
 
+RECOMPUTING_HOOKS = (WeightNorm, BasePruningMethod)
+"""Forward pre-hooks that recompute a module's weight from other parameters before each call, deterministically
+(the old hook-based ``torch.nn.utils.weight_norm``, ``torch.nn.utils.prune``): its type's rule does not apply.
+(``spectral_norm``'s hook also steps its power iteration, in place, at each call: not replayed; its module goes to
+its type's rule, and the first-step invariant refuses ``weight_orig``.)"""
+
+
 def rule_for(module: nn.Module) -> Rule:
-    """The module's registered rule, else :data:`REPLAYED` for a parametrized module, else :data:`OWNED`."""
+    """The module's registered rule (unless a forward pre-hook of :data:`RECOMPUTING_HOOKS` recomputes its weight:
+    then :data:`OWNED`, which replays the call, the hook included), else :data:`REPLAYED` for a parametrized module,
+    else :data:`OWNED`."""
     rule = RULES.get(type(module))
+    if any(isinstance(h, RECOMPUTING_HOOKS) for h in module._forward_pre_hooks.values()):
+        return OWNED
     if rule is not None:
         return rule
     return REPLAYED if parametrize.is_parametrized(module) else OWNED
 
 
-__all__ = ["CHUNK", "OWNED", "REPLAYED", "Forward", "Leaf", "replay", "rule_for"]
+__all__ = ["CHUNK", "OWNED", "REPLAYED", "Forward", "Leaf", "replay", "reproduced", "rule_for"]

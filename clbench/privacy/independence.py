@@ -17,7 +17,9 @@ the samples, named with the module whose forward made it.
 Cost: two forwards without gradients, once per training call (and in every
 :func:`~clbench.privacy.tape.per_sample_grad_norms`). The models' buffers (BatchNorm's running statistics) and the
 generator's state are restored after the replays (a buffer only when the replay changed it). Other forward hooks
-on the models (a pattern recorder) see the two replays. A batch of one sample cannot be tested (nothing to mix with);
+on the models see the two replays, run without gradients: a hook that records training calls (the dual-form
+PatternRecorder records only outputs that require grad) skips them; one that counts every call counts two more at the
+first step. A batch of one sample cannot be tested (nothing to mix with);
 the check then waits for the first batch of at least two.
 """
 

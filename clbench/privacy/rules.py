@@ -191,6 +191,13 @@ class Outer:
         t, d, p = a.shape[1], a.shape[2], g.shape[2]
         self.formed = t > 1 and d * p <= t * (d + p)
         self._matrices: Tensor | None = None
+        self._summed: Tensor | None = None
+
+    def summed(self) -> Tensor:
+        """``Σ_t G_{i,t}: (n, p)`` (a bias's per-sample gradient), formed once."""
+        if self._summed is None:
+            self._summed = summed(self.g)
+        return self._summed
 
     def matrices(self) -> Tensor:
         """``M_i = G_iᵀ A_i: (n, p, d)``, formed once."""
@@ -311,8 +318,13 @@ def own(module: nn.Module) -> dict[str, nn.Parameter]:
     covers its ``subtree`` and for a parametrized module (``weight_norm``, ...; its originals live in children),
     every one under it."""
     rule = RULES.get(type(module))
-    recurse = (rule is not None and rule.subtree) or parametrize.is_parametrized(module)
-    return {n: p for n, p in module.named_parameters(recurse=recurse) if p.requires_grad}
+    if (rule is not None and rule.subtree) or parametrize.is_parametrized(module):
+        return {n: p for n, p in module.named_parameters() if p.requires_grad}
+    out: dict[str, nn.Parameter] = {}
+    for n, p in module._parameters.items():        # named_parameters(recurse=False) without its generator machinery
+        if p is not None and p.requires_grad and all(p is not q for q in out.values()):
+            out[n] = p
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------- Linear
@@ -334,7 +346,7 @@ def affine_rule(operands: Operands = sequences, capture: Callable = _affine_capt
             total = rows_sq_norms(ops) if "weight" in params else ops.g.new_zeros(ops.batch)
             return total + sq(ops.summed()) if "bias" in params else total
         total = ops.sq_norms() if "weight" in params else ops.g.new_zeros(len(ops.g))
-        return total + sq(summed(ops.g)) if "bias" in params else total
+        return total + sq(ops.summed()) if "bias" in params else total
 
     def weighted(module: nn.Module, ops: Outer | Rows, w: Tensor) -> dict[str, Tensor]:
         params = own(module)
@@ -345,7 +357,7 @@ def affine_rule(operands: Operands = sequences, capture: Callable = _affine_capt
         else:
             out = {}
         if "bias" in params:
-            out["bias"] = weighted_sum(ops.summed() if packed else summed(ops.g), w)
+            out["bias"] = weighted_sum(ops.summed(), w)
         return out
 
     def joined(module: nn.Module, calls: list[Call]) -> Outer | Rows:
