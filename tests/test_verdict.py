@@ -30,6 +30,8 @@ def test_a_flagged_comparison_is_never_evidence(flags):
 def test_a_comparison_of_another_kind_or_without_records_is_not_tested():
     assert verdict(Comparison("greater", 6.5, 2.2, at_papers_setting=False)) is Verdict.NOT_TESTED
     assert verdict(Comparison("greater", None, None)) is Verdict.NOT_TESTED
+    flagged_and_other = Comparison("greater", 6.5, 2.2, flags_b=("not converged",), at_papers_setting=False)
+    assert verdict(flagged_and_other) is Verdict.NOT_TESTED           # the kind first: it is no test of the claim
 
 
 def test_no_interval_containing_0_is_ever_reproduced():

@@ -6,14 +6,15 @@ A above B; ``less``: A below B), the adequacy flags of both rows (:mod:`clbench.
 comparison is of the kind the paper states (its task form, loss, privacy regime). The word, first rule that holds:
 
 ==================================  =====================================================================
-flagged, not evidence               a row of the pair is flagged (``not learned`` / ``not converged``)
 not tested at the paper's setting   no records, or the comparison is not of the kind the paper states
+flagged, not evidence               a row of the pair is flagged (``not learned`` / ``not converged``)
 not shown                           fewer than 2 seeds (no interval), or the interval contains 0
 reproduced                          the interval lies wholly on the paper's side of 0
 reversed                            the interval lies wholly on the other side of 0
 ==================================  =====================================================================
 
-So an interval that contains 0 is never ``reproduced`` and a flagged comparison is never evidence either way. A
+So an interval that contains 0 is never ``reproduced`` and a flagged comparison is never evidence either way; a
+comparison of another kind than the paper's says so first (its flags are still shown beside it). A
 smaller scale than the paper's (less data, a smaller model, fewer epochs) does not change the word: the claims page
 states both settings beside it (:mod:`clbench.analysis.claims`).
 """
@@ -58,10 +59,10 @@ class Comparison:
 
 def verdict(comparison: Comparison) -> Verdict:
     """The verdict word of ``comparison`` (the rules of the module docstring, in their order)."""
-    if comparison.flags_a or comparison.flags_b:
-        return Verdict.FLAGGED
     if not comparison.at_papers_setting or comparison.mean is None or comparison.half_width is None:
         return Verdict.NOT_TESTED
+    if comparison.flags_a or comparison.flags_b:
+        return Verdict.FLAGGED
     if math.isnan(comparison.half_width):
         return Verdict.NOT_SHOWN
     sign = DIRECTIONS[comparison.direction]
