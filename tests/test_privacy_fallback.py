@@ -132,3 +132,20 @@ def test_the_old_spectral_norm_is_refused_by_the_invariant(recwarn):
     model = nn.Sequential(nn.utils.spectral_norm(nn.Linear(6, 6)), nn.Tanh(), nn.Linear(6, 3))
     with pytest.raises(UnsupportedLayerError, match=r"gradient of parameter 0\.weight_orig"):
         per_sample_grad_norms(model, ce, *_data())
+
+
+def test_an_output_changed_in_place_after_the_call_is_still_replayed_exactly():
+    """The replay is compared with the call's output as it was returned, not as later in-place operations left it."""
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.prelu, self.head = nn.PReLU(), nn.Linear(6, 3)
+
+        def forward(self, x):
+            h = self.prelu(x)
+            h += 1.0
+            return self.head(torch.relu_(h))
+
+    model = InPlace()
+    x, y = _data()
+    torch.testing.assert_close(per_sample_grad_norms(model, ce, x, y), vmap_norms(model, ce, x, y), rtol=RTOL, atol=0)

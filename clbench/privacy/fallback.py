@@ -68,7 +68,7 @@ CHUNK = 16
 class Forward:
     """One forward call of a module, kept for its replay: the input leaves (``args`` and ``kwargs`` flattened,
     tensors detached) and their structure, the positions of the output tensors that carry a gradient among the
-    output's tensors (``traced``) with their values (``outputs``, detached: what the replay must reproduce), the
+    output's tensors (``traced``) with their values (``outputs``, copied: what the replay must reproduce), the
     module's name (``where``) and, after the backward, the gradients received (``grads``, by position in
     ``traced``; zero for one that received none)."""
 
@@ -131,7 +131,7 @@ def _install(module: nn.Module, record: Recorder, follow: bool) -> list:
             return
         leaves, spec = tree_flatten((args, kwargs))
         forward = Forward([t.detach() if isinstance(t, Tensor) else t for t in leaves], spec, traced,
-                          [outs[k].detach() for k in traced], record.where)
+                          [outs[k].detach().clone() for k in traced], record.where)   # later in-place ops
         for position, k in enumerate(traced):
             record(Call((), outs[k], role=Leaf(forward, position)))
 
