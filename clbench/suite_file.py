@@ -184,6 +184,28 @@ def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: An
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def _check_model_args(where: str, config: Any) -> None:
+    """The resolved ``model_args`` of an entry whose Config names its model, with the model factory's defaults
+    filled in, against the factory's optional ``check_args(**args)`` (a ``ValueError`` there is a
+    :class:`ConfigError`): what the model would refuse when each run builds it (ViT heads that do not divide the
+    width) is refused at load. With ``model: auto`` the model is the scenario's, known when the scenario is built."""
+    from clbench.registry import MODELS
+
+    model, model_args = getattr(config, "model", "auto"), getattr(config, "model_args", None)
+    if model == "auto" or not isinstance(model_args, dict) or model not in MODELS:
+        return
+    factory = MODELS.get(model)
+    check = getattr(factory, "check_args", None)
+    if check is None:
+        return
+    defaults = {p.name: p.default for p in inspect.signature(factory).parameters.values()
+                if p.default is not inspect.Parameter.empty}
+    try:
+        check(**{**defaults, **model_args})
+    except ValueError as exc:
+        raise ConfigError(f"{where}: model_args: {exc}") from None
+
+
 def _check_kinds(source: str, scenarios: list[ScenarioEntry], strategies: list[StrategyEntry]) -> None:
     """Every strategy serves the kind of every scenario it is crossed with (its declared ``scenario_kinds``,
     :func:`clbench.protocol.scenario_kind`): a next-item model on images would fail only when its run starts."""
@@ -312,6 +334,7 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
     for i, item in enumerate(raw_strategies):
         where = f"{source}: strategies[{i}] ({item['name']})"
         args, config = checked_config(item["name"], item.get("preset"), item.get("args", {}), where)
+        _check_model_args(where, config)
         callbacks = parse_callbacks(f"{where}.callbacks", item.get("callbacks", []))
         if "dp" in item:
             callbacks += _parse_dp(where, item["dp"])

@@ -163,6 +163,14 @@ VIT_CLASSES: dict[str, type[VisionTransformer]] = {"vanilla": VisionTransformer,
 """``attention`` option of :func:`vit` -> the model class."""
 
 
+def check_shape(*, embed_dim: int, num_heads: int, **_: object) -> None:
+    """What :func:`vit` would refuse inside each run, known from its arguments (its ``check_args``, checked when a
+    suite loads): attention heads that do not divide the width."""
+    if embed_dim % num_heads:
+        raise ValueError(f"num_heads {num_heads} does not divide embed_dim {embed_dim} (each head takes "
+                         f"embed_dim / num_heads dimensions); set num_heads to a divisor of {embed_dim}.")
+
+
 @MODELS.register("vit")
 def vit(info: ClassificationInfo, *, embed_dim: int = 64, depth: int = 2, num_heads: int = 4, patch_size: int = 4,
         mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: float | None = None,
@@ -189,3 +197,6 @@ def vit(info: ClassificationInfo, *, embed_dim: int = 64, depth: int = 2, num_he
     if init:
         load_weights(model, init)
     return model
+
+
+vit.check_args = check_shape
