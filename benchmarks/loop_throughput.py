@@ -6,7 +6,9 @@ For each shape, both sides train the same network (the bare side a copy of the s
 - clbench: ``strategy.train(experience)`` with ``epochs = 1`` and the callbacks the runner attaches (training log,
   NaN guard), as :func:`clbench.runner.execute` calls it;
 - bare: ``for idx in randperm(n).split(B): x = augment(X[idx].to(device)); loss = CE(model(x), y); step`` (the
-  random crop with zero padding and the horizontal flip written out on the batch, per image).
+  random crop with zero padding and the horizontal flip drawn for the whole batch on the device,
+  :meth:`clbench.augment.CropFlip.batch`; clbench's side crops and flips each image in the data loader, the
+  scenario's per-sample transform).
 
 Epochs alternate (clbench, bare, clbench, ...) after one warm-up epoch each, and the ratio of the median epoch times
 ``clbench / bare`` is printed with each side's items per second (target for ``resnet32`` on CPU: <= 1.15).
@@ -41,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from clbench.augment import CropFlip
 from clbench.callbacks import CallbackContext
 from clbench.cl.data import experience_tensors
 from clbench.data import DatasetNotFound
@@ -83,18 +86,6 @@ def _cifar_arrays(per_class: int, data_root: Path) -> Path:
         return out
 
 
-def user_crop_flip(x: Tensor, padding: int = 4) -> Tensor:
-    """A user's random crop after zero padding and horizontal flip of a batch ``(B, C, H, W)``, per image."""
-    b, c, h, w = x.shape
-    padded = F.pad(x, (padding,) * 4)
-    top = torch.randint(0, 2 * padding + 1, (b, 1), device=x.device) + torch.arange(h, device=x.device)
-    left = torch.randint(0, 2 * padding + 1, (b, 1), device=x.device) + torch.arange(w, device=x.device)
-    out = padded[torch.arange(b, device=x.device)[:, None, None, None], torch.arange(c, device=x.device)[None, :,
-                 None, None], top[:, None, :, None], left[:, None, None, :]]
-    flip = torch.rand(b, device=x.device) < 0.5
-    return torch.where(flip[:, None, None, None], out.flip(-1), out)
-
-
 def _logits_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     out = model(x)
     return F.cross_entropy(getattr(out, "logits", out), y)
@@ -114,7 +105,7 @@ def image_side(strategy_name: str, args: dict) -> Callable[..., Side]:
         experience = scenario.train_stream[0]
         strategy = _strategy(strategy_name, scenario.info, device, preset, {**args, "epochs": 1})
         x, y = experience_tensors(experience)
-        return Side(experience, strategy, x, y, _logits_loss, user_crop_flip)
+        return Side(experience, strategy, x, y, _logits_loss, CropFlip(32, padding=4).batch)
     return build
 
 

@@ -1,31 +1,97 @@
-"""``*_full`` rows at their own full settings, checked on CPU at reduced data (3 x 32 x 32 Gaussian-cluster images):
-the row's model, optimizer, learning rate, batch size and method settings kept, a few epochs."""
+"""Every ``*_full`` row at its own full settings, checked on CPU at reduced data: the row's model, optimizer,
+learning rate, batch size and method settings kept, a few epochs of one step on tiny data (images: 3 x 32 x 32
+Gaussian clusters; sequences: users walking a cycle of items). Finished (a non-finite loss fails the run) and the
+training loss falls within the step."""
 
 import importlib.resources
 
+import numpy as np
 import pytest
 import yaml
 
 from clbench import api
+from clbench.protocol import NEXT_ITEM
+from clbench.registry import SCENARIOS
+from clbench.runner import execute
+from clbench.scenarios.movielens import sequences_scenario
+from clbench.suite_file import parse_suite
 
 IMAGES = {"n_classes": 4, "n_experiences": 2, "train_per_class": 32, "test_per_class": 4, "image_size": 32,
           "channels": 3, "separation": 6.0}
+ONE_STEP = {**IMAGES, "n_experiences": 1, "train_per_class": 16}
+FEW_EPOCHS = {"epochs": 3, "first_epochs": 3, "warmup_epochs": 0, "finetune_epochs": 0, "retrain_epochs": 0}
+N_ITEMS = 12
 
 
-def _row(suite: str, name: str) -> dict:
-    text = importlib.resources.files("clbench").joinpath(f"suites/{suite}.yaml").read_text()
-    return next(e for e in yaml.safe_load(text)["strategies"] if e["name"] == name)
+@SCENARIOS.register("test_full_cycles")
+def cycles(*, seed: int = 0, n_experiences: int = 1, users: int = 64, length: int = 10):
+    """Each user walks the items in a cycle (next = item % 12 + 1) from its own start: next-item is learnable."""
+    rows = [(u, (u + t) % N_ITEMS + 1, 1, 1000 * t + u) for u in range(users) for t in range(length)]
+    return sequences_scenario(np.array(rows), n_experiences, max_len=6, n_items=N_ITEMS)
 
 
-@pytest.mark.parametrize("name", ["der_dark"])
-def test_a_cifar100_full_row_trains_two_steps_without_diverging(name):
-    """Finished (a non-finite loss fails the run), the loss falls within each step, and the second step does not
-    start far above the first (DER++ at the shared SGD 0.1 / momentum 0.9 started step 2 at 24 against 1.9)."""
-    entry = _row("cifar100_full", name)
-    args = {**entry.get("args", {}), "epochs": 3}
-    if "mem_size" in args:
-        args["mem_size"] = 16
-    record = api.run("synthetic", name, preset=entry["preset"], args=args, scenario_args=IMAGES, seed=0, device="cpu")
+cycles.kind = NEXT_ITEM
+
+
+def _suite(name: str) -> dict:
+    return yaml.safe_load(importlib.resources.files("clbench").joinpath(f"suites/{name}.yaml").read_text())
+
+
+def _rows(suite: str) -> list[tuple[str, dict]]:
+    return [(suite, entry) for entry in _suite(suite)["strategies"]]
+
+
+IMAGE_ROWS = _rows("cifar100_full") + _rows("der_full") + _rows("dytox_full")
+UNSETTLED = {("cifar100_full", "icarl"): "iCaRL at lr 2.0: loss 0.85 -> 0.99 over 3 single-batch epochs",
+             ("der_full", "der"): "DER at lr 0.1 without its 10 warm-up epochs: loss 1.78 -> 2.23 over 3 epochs"}
+"""Rows whose loss rose at this reduced size (one minibatch per epoch, 3 updates: inconclusive, open): strict xfail,
+so a fix makes the test say so."""
+
+
+def _reduced(entry: dict) -> dict:
+    """The row's args with the epochs cut to 3 (warm-up, fine-tuning and re-training off) and memory 16: only the
+    fields its Config has."""
+    from clbench.config import build_config
+    fields = build_config(entry["name"], entry["preset"], {}).__dataclass_fields__
+    args = {**entry.get("args", {}), **{k: v for k, v in FEW_EPOCHS.items() if k in fields}}
+    return {**args, "mem_size": 16} if "mem_size" in args else args
+
+
+@pytest.mark.parametrize("suite,entry", [
+    pytest.param(s, e, id=f"{s}-{e['name']}", marks=[pytest.mark.xfail(reason=UNSETTLED[s, e["name"]], strict=True)]
+                 if (s, e["name"]) in UNSETTLED else []) for s, e in IMAGE_ROWS])
+def test_one_step_of_every_image_full_row_trains_without_diverging(suite, entry):
+    record = api.run("synthetic", entry["name"], preset=entry["preset"], args=_reduced(entry),
+                     scenario_args=ONE_STEP, seed=0, device="cpu")
+    assert record.status == "finished", record.reason
+    (step,) = record.adequacy
+    assert step["loss_last"] < step["loss_first"], step
+
+
+def test_every_seqrec_full_row_trains_one_step_without_diverging():
+    """dp_seqrec_games_full's rows (private ones with their dp callback) on the cycles scenario at 3 epochs."""
+    data = _suite("dp_seqrec_games_full")
+    for entry in data["strategies"]:
+        if entry["name"] == "seqrec":
+            entry["args"] = {**entry.get("args", {}), "epochs": 3}
+    data = {**data, "seeds": [0], "scenarios": [{"name": "test_full_cycles"}]}
+    specs = parse_suite(data).run_specs(device="cpu")
+    assert len(specs) == len(data["strategies"])
+    for spec in specs:
+        record = execute(spec)
+        assert record.status == "finished", (spec.run_id, record.reason)
+        if spec.strategy.name == "seqrec":
+            (step,) = record.adequacy
+            assert step["loss_last"] < step["loss_first"], (spec.run_id, step)
+
+
+def test_der_dark_full_trains_two_steps_without_the_second_starting_far_above_the_first():
+    """DER++ at the shared SGD 0.1 / momentum 0.9 started step 2 at 24 against 1.9; at its own setting step 2
+    starts below 2x step 1 (class-incremental step 2 adds new classes, so its first loss may rise, not explode)."""
+    entry = next(e for e in _suite("cifar100_full")["strategies"] if e["name"] == "der_dark")
+    args = {**entry.get("args", {}), "epochs": 3, "mem_size": 16}
+    record = api.run("synthetic", "der_dark", preset=entry["preset"], args=args, scenario_args=IMAGES, seed=0,
+                     device="cpu")
     assert record.status == "finished", record.reason
     first, second = record.adequacy
     assert first["loss_last"] < first["loss_first"] and second["loss_last"] < second["loss_first"]

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision.transforms import v2
 
+from clbench.augment import CropFlip
 from clbench.data.catalog import SplitArrays
 from clbench.protocol import ClassificationInfo, Scenario
 from clbench.streams import TEST_SET, Holdout, Transform, class_incremental
@@ -79,5 +79,6 @@ def image_class_incremental(info: ClassificationInfo, data: SplitArrays, class_o
 
 def crop_flip(size: int, padding: int) -> Transform:
     """Train augmentation on one ``(C, size, size)`` tensor: random crop after zero padding (zero is the mean colour
-    of normalized inputs), then a random horizontal flip."""
-    return v2.Compose([v2.RandomCrop(size, padding=padding), v2.RandomHorizontalFlip()])
+    of normalized inputs), then a random horizontal flip: :class:`clbench.augment.CropFlip`, whose draws and output
+    are those of ``v2.Compose([v2.RandomCrop(size, padding=padding), v2.RandomHorizontalFlip()])`` bit for bit."""
+    return CropFlip(size, padding)
