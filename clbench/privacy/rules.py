@@ -223,7 +223,7 @@ class Outer:
         if self.formed:
             return torch.tensordot(w, self.matrices().view(len(w), -1, a.shape[-1]), dims=([0], [0]))
         if groups > 1:
-            n, t = a.shape[:2]
+            t = a.shape[1]
             return torch.einsum("bjtp,bjtd->jpd", (g * w.repeat_interleave(groups)[:, None, None]).view(
                 -1, groups, t, g.shape[-1]), a.view(-1, groups, t, a.shape[-1])).flatten(0, 1)
         if g.shape[-1] > a.shape[-1]:
