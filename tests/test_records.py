@@ -331,3 +331,24 @@ def test_a_one_by_one_matrix_reads_as_an_offline_run_or_a_single_step():
     with pytest.raises(record_files.CorruptRecord, match=r"^p: metrics.avg_inc_acc is 40.0 but its stored data "
                                                          r"give 50.0; "):
         record_files.check("p", wrong)
+
+
+@pytest.mark.parametrize("stored, recomputed, same", [
+    (0.0, 1e-10, True), (1e6, 1e6 * (1 + 1e-10), True), (1.0, 1.001, False),      # absolute and relative 1e-9
+    (None, None, True), (None, 0.0, False), (0.0, None, False),
+    (1, True, False), (True, 1, False), (True, True, True),                        # a bool only to itself
+    (1.0, "1.0", False), ("a", "a", False), ("a", 1.0, False),                     # text is never a number
+])
+def test_a_stored_summary_is_the_recomputed_one_only_within_a_json_round_trip(stored, recomputed, same):
+    assert record_files._same(stored, recomputed) is same
+
+
+@pytest.mark.parametrize("matrix, readings", [
+    ([[0.5]], (False, True)),                    # one experience: online or offline alike
+    ([[0.5, 0.1], [0.4, 0.6]], (False,)),        # square: online
+    ([[0.5, 0.6]], (True,)),                     # one row: offline
+    ([0.5], (True,)),                            # not a list of rows: read as offline, refused when summarized
+    (None, (False,)), ("x", (False,)), ([], (False,)),
+])
+def test_the_offline_readings_a_matrix_allows(matrix, readings):
+    assert record_files._readings(matrix) == readings
