@@ -313,12 +313,18 @@ def weighted_sum(v: Tensor, w: Tensor) -> Tensor:
     return torch.tensordot(w, v, dims=([0], [0]))
 
 
+def parametrized(module: nn.Module) -> bool:
+    """``torch.nn.utils.parametrize.is_parametrized(module)``, read from the module's children (the torch function's
+    ``getattr`` of a missing attribute raises and catches an error inside ``Module.__getattr__``: slow, per call)."""
+    return isinstance(module._modules.get("parametrizations"), nn.ModuleDict) and parametrize.is_parametrized(module)
+
+
 def own(module: nn.Module) -> dict[str, nn.Parameter]:
     """The trained parameters its rule answers for: the module's own (not its children's), or, for a type whose rule
     covers its ``subtree`` and for a parametrized module (``weight_norm``, ...; its originals live in children),
     every one under it."""
     rule = RULES.get(type(module))
-    if (rule is not None and rule.subtree) or parametrize.is_parametrized(module):
+    if (rule is not None and rule.subtree) or parametrized(module):
         return {n: p for n, p in module.named_parameters() if p.requires_grad}
     out: dict[str, nn.Parameter] = {}
     for n, p in module._parameters.items():        # named_parameters(recurse=False) without its generator machinery
