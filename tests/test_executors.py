@@ -5,6 +5,7 @@ and the CLI flags."""
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
@@ -14,14 +15,18 @@ import time
 
 import pytest
 import torch
+import yaml
 
+import tests._fakes  # noqa: F401 - registers test_increasing_logits
 import tests._scale_fakes  # noqa: F401  (registers test_hold_or_crash)
 from clbench import executors
 from clbench.cli import main
 from clbench.executors import LocalExecutor, plan
+from clbench.registry import SCENARIOS
 from clbench.runner import RunRecord, record_path
 from clbench.suite_file import parse_suite
 from clbench.workers import WorkerLost, WorkerPool, start_method
+from tests._cli import run_suite
 from tests._scale_fakes import attempts
 
 SCENARIO = {"name": "synthetic", "args": {"train_per_class": 15, "test_per_class": 10}}
@@ -298,3 +303,55 @@ def test_the_ray_driver_keeps_the_earlier_record_aside_before_submitting(tmp_pat
     assert f"replacing {before.run_id}: its earlier record, artifacts kept in {kept}\n" in capsys.readouterr().err
     assert records.read(kept / "runs" / f"{before.run_id}.json")["identity_hash"] == before.identity_hash
     assert records.read(record_path(tmp_path, after.run_id))["identity_hash"] == after.identity_hash
+
+
+# ------------------------------------------------------------------------------------------------ corrupt dataset
+SCENARIO_CALLS = []
+
+
+@SCENARIOS.register("test_corrupt_dataset")
+def corrupt_dataset(*, seed: int = 0, path: str = "") -> None:
+    """A scenario whose data file fails its checksum."""
+    from clbench.data.checksums import verify
+
+    SCENARIO_CALLS.append(seed)
+    verify(__import__("pathlib").Path(path), "0" * 32)
+
+
+# ---------------------------------------------------------------------------------------------------- staleness
+def test_resume_reruns_records_made_by_other_code_and_says_so(tiny_suite, tmp_path, capsys):
+    out = tmp_path / "out"
+    suite = tiny_suite([{"name": "test_increasing_logits"}], seeds=(0, 1))
+    assert run_suite(suite, out) == 0
+    path = out / "runs" / "synthetic__test_increasing_logits__s0.json"
+    record = json.loads(path.read_text())
+    assert len(record["code_fingerprint"]) >= 12
+    record["code_fingerprint"] = "0" * 12             # as if made before the strategy's code changed
+    path.write_text(json.dumps(record))
+    capsys.readouterr()
+
+    assert run_suite(suite, out) == 0                          # no -v: the resume line is printed anyway
+    err = capsys.readouterr().err
+    assert "resuming: 1 of 2 runs already finished" in err and "1 made by other code" in err
+    assert json.loads(path.read_text())["code_fingerprint"] != "0" * 12
+
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
+    assert run_suite(suite, out) == 0
+    assert "resuming: 2 of 2 runs already finished" in capsys.readouterr().err
+    assert stamps == {p: p.stat().st_mtime_ns for p in stamps}
+    assert run_suite(suite, out, "--force") == 0               # --force reruns everything
+    assert all(p.stat().st_mtime_ns != t for p, t in stamps.items())
+
+
+def test_a_checksum_mismatch_stops_the_suite_once(tmp_path, capsys):
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"not the official file")
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"suite": "s", "seeds": [0, 1],
+                                     "scenarios": [{"name": "test_corrupt_dataset", "args": {"path": str(data)}}],
+                                     "strategies": ["test_increasing_logits", "naive"]}))
+    SCENARIO_CALLS.clear()
+    assert run_suite(suite, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "content md5" in err and SCENARIO_CALLS == [0]
+    assert not list((tmp_path / "out").rglob("*.json"))

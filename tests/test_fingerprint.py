@@ -5,7 +5,9 @@ import os
 
 import pytest
 
+import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import fingerprint
+from clbench.registry import SCENARIOS
 
 
 @pytest.fixture
@@ -57,3 +59,25 @@ def test_docstrings_do_not_count_and_a_broken_cache_is_ignored(tmp_path, cache, 
     fingerprint.cache_path().write_text("{not json")
     _new_process(monkeypatch)
     assert fingerprint.code_digest(first) == fingerprint.code_digest(second) and len(cache) == 4
+
+
+def test_fingerprint_follows_code_not_comments(tmp_path, monkeypatch):
+    """A change to a function body changes the fingerprint of a module and of everything importing it; a change to
+    a comment or a docstring does not. The closure follows imports inside clbench and leaves out the CLI."""
+    from clbench import fingerprint
+
+    module = tmp_path / "fp_probe.py"
+    source = '"""Doc."""\nfrom clbench import metrics\n\n\ndef predict(x):\n    """Doc."""\n    return x + 1\n'
+    module.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    files = fingerprint.module_files(["fp_probe"])
+    assert "clbench.metrics" in files and "fp_probe" in files and "clbench.cli" not in files
+    before = fingerprint.fingerprint_of(["fp_probe"])
+    module.write_text(source.replace('"""Doc."""', '"""Other words."""') + "# a comment\n")
+    assert fingerprint.fingerprint_of(["fp_probe"]) == before
+    module.write_text(source.replace("x + 1", "x + 2"))
+    assert fingerprint.fingerprint_of(["fp_probe"]) != before
+
+    core = fingerprint.module_files([SCENARIOS.get("synthetic").__module__, *fingerprint.CORE])
+    assert {"clbench.runner", "clbench.metrics", "clbench.scenarios.synthetic"} <= set(core)
+    assert not {"clbench.cli", "clbench.leaderboard", "clbench.report"} & set(core)

@@ -6,7 +6,9 @@ import math
 import pandas as pd
 import pytest
 
+import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import adequacy, leaderboard
+from tests._cli import run_suite
 from tests._records import sealed
 
 
@@ -458,3 +460,17 @@ def test_markdown_cells_copy_labels_literally():
                             "\\~e\\~ \\&f \\\\ | cpu | – | 1 |")
     assert leaderboard.markdown_text("split_digits [mem_size=20, hidden=[8]] 1.0e-3+x") == (
         "split_digits [mem_size=20, hidden=[8]] 1.0e-3+x")
+
+
+# ------------------------------------------------------------------------------------------------------- mixing
+def test_leaderboard_never_averages_records_of_different_configurations(tiny_suite, tmp_path):
+    """The issue's example: mem_size 100 (seed 0) and mem_size 20 (seed 1) written into one --out (the issue's 200
+    is more than the tiny stream's 120 samples: refused at load)."""
+    out = tmp_path / "out"
+    for mem_size, seed in ((100, 0), (20, 1)):
+        suite = tiny_suite([{"name": "replay", "preset": "cpu", "args": {"epochs": 1, "mem_size": mem_size}}],
+                           seeds=(seed,))
+        assert run_suite(suite, out) == 0
+    table = pd.read_csv(out / "leaderboard.csv")
+    assert set(table["strategy"]) == {"replay [mem_size=20]", "replay [mem_size=100]"}
+    assert (table["n_seeds"] == 1).all()

@@ -12,11 +12,15 @@ import sys
 import types
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import fingerprint
 from clbench import records as record_files
+from clbench.cli import main
 from clbench.errors import ConfigError
+from tests._cli import run_suite
 from tests._records import sealed
 
 
@@ -352,3 +356,27 @@ def test_a_stored_summary_is_the_recomputed_one_only_within_a_json_round_trip(st
 ])
 def test_the_offline_readings_a_matrix_allows(matrix, readings):
     assert record_files._readings(matrix) == readings
+
+
+# ------------------------------------------------------------------------------------------------ corrupt records
+def test_corrupt_and_foreign_records_are_reported_and_skipped(tiny_suite, tmp_path, capsys):
+    out = tmp_path / "out"
+    suite = tiny_suite([{"name": "test_increasing_logits"}], seeds=(0, 1))
+    assert run_suite(suite, out) == 0
+    runs = out / "runs"
+    (runs / "synthetic__test_increasing_logits__s1.json").write_text('{"run_id": "synthetic__te')   # cut short
+    (runs / "notes.json").write_text('{"hello": "world"}')
+    (runs / "list.json").write_text("[1, 2]")
+    capsys.readouterr()
+
+    assert main(["leaderboard", "--out", str(out)]) == 2          # the table is still written from the rest
+    err = capsys.readouterr().err
+    for name in ("synthetic__test_increasing_logits__s1.json", "notes.json", "list.json"):
+        assert str(runs / name) in err
+    assert "Traceback" not in err
+    table = pd.read_csv(out / "leaderboard.csv")
+    assert list(table["n_seeds"]) == [1]
+
+    assert run_suite(suite, out) == 0                                  # the run reruns the corrupt one, skips foreign
+    assert "notes.json" in capsys.readouterr().err
+    assert list(pd.read_csv(out / "leaderboard.csv")["n_seeds"]) == [2]
