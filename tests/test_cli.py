@@ -1,4 +1,5 @@
 """run_bench.py end to end on a tiny suite: run, resume, leaderboard, list, and error exits."""
+from __future__ import annotations
 
 import json
 import subprocess
@@ -6,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 import clbench
+import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench.cli import main
 
 ROOT = Path(__file__).parents[1]
@@ -111,3 +114,15 @@ def test_an_uninstalled_checkout_says_in_one_line_to_install_it(tmp_path):
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: clbench.strategies is not found: ")
         assert f"pip install -e {ROOT}" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+PYTHON = sys.executable
+
+
+@pytest.mark.parametrize("argv", [["list"], ["config", "naive"]])
+def test_a_closed_output_pipe_ends_quietly(argv):
+    proc = subprocess.Popen([PYTHON, "-m", "clbench", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()                     # `| head -0`: the reader is gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err

@@ -1,13 +1,17 @@
 """``clbench run`` / ``clbench --suite`` (:mod:`clbench.commands.run`): what a suite would fail on is refused in one
 line before its first run; a suite ends cleanly on interruption, a full disk or a closed pipe."""
+from __future__ import annotations
 
+import errno
 import sys
+from pathlib import Path
 
 import torch
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import executors
 from clbench.cli import main
+from tests._cli import one_error_line, run_suite
 
 
 # -------------------------------------------------------------------------------------- output folder and flags
@@ -33,3 +37,38 @@ def test_unusable_output_folder_device_and_executor_stop_before_the_first_run(ti
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (flags, err)
     assert calls == []
+
+
+def test_an_empty_out_is_refused(tiny_suite, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits"}]), "") == 2
+    one_error_line(capsys, "--out ''")
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_read_only_artifacts_folder_is_one_line_before_the_first_run(tiny_suite, tmp_path, capsys, monkeypatch):
+    real = Path.write_text
+
+    def read_only(self, *args, **kwargs):
+        if self.parent.name == "artifacts":
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real(self, *args, **kwargs)
+
+    (tmp_path / "out" / "artifacts").mkdir(parents=True)        # read-only: it exists (a fresh one is made writable)
+    monkeypatch.setattr(Path, "write_text", read_only)
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
+    one_error_line(capsys, "cannot be written to", "Read-only file system", "artifacts")
+    assert not list((tmp_path / "out").rglob("*.json"))
+
+
+def test_a_truncated_checkpoint_is_one_line_naming_the_file_before_the_first_run(tiny_suite, tmp_path, capsys):
+    import torch
+
+    from clbench.models.checkpoint import save_weights
+
+    checkpoint = save_weights(torch.nn.Linear(8, 4), tmp_path / "w0.safetensors")
+    checkpoint.write_bytes(checkpoint.read_bytes()[:40])
+    suite = tiny_suite([{"name": "naive", "preset": "cpu", "args": {"init": str(checkpoint)}}])
+    assert run_suite(suite, tmp_path / "out") == 2
+    one_error_line(capsys, f"checkpoint file {checkpoint} cannot be read", "cut short")
+    assert not list((tmp_path / "out").rglob("*.json"))

@@ -1,13 +1,20 @@
 """The code fingerprint's per-file cache (clbench/fingerprint.py): a file is parsed once across processes while it
 is unchanged, and again after any write to it."""
+from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import fingerprint
 from clbench.registry import SCENARIOS
+from tests._cli import run_suite
 
 
 @pytest.fixture
@@ -81,3 +88,65 @@ def test_fingerprint_follows_code_not_comments(tmp_path, monkeypatch):
     core = fingerprint.module_files([SCENARIOS.get("synthetic").__module__, *fingerprint.CORE])
     assert {"clbench.runner", "clbench.metrics", "clbench.scenarios.synthetic"} <= set(core)
     assert not {"clbench.cli", "clbench.leaderboard", "clbench.report"} & set(core)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+PYTHON = sys.executable
+
+
+PLUGIN = '''from helper_x37e import EXTRA
+from clbench.registry import STRATEGIES
+from tests._fakes import IncreasingLogits
+
+
+@STRATEGIES.register("helped_x37")
+class Helped(IncreasingLogits):
+    """Scores as its parent; imports a helper module from its folder."""
+'''
+
+
+def test_the_code_fingerprint_covers_a_plugin_s_helper_module_outside_site_packages(tmp_path, monkeypatch):
+    (tmp_path / "helper_x37.py").write_text("import json\nimport yaml\n\ndef scale():\n    return 2\n")
+    (tmp_path / "plugin_x37.py").write_text("from helper_x37 import scale\n\nFACTOR = scale()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = fingerprint.module_files(["plugin_x37"])
+    assert found["helper_x37"] == tmp_path / "helper_x37.py"
+    assert "yaml" not in found and "json" not in found      # installed packages and the standard library do not
+    before = fingerprint.fingerprint_of(["plugin_x37"])
+    (tmp_path / "helper_x37.py").write_text("import json\nimport yaml\n\ndef scale():\n    return 3\n")
+    assert fingerprint.fingerprint_of(["plugin_x37"]) != before      # resume reruns the plugin's runs
+
+
+def test_resume_reruns_a_plugin_s_run_once_its_helper_module_changed(tiny_suite, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CLBENCH_PLUGINS", "")                # load_plugin adds to it: restored after the test
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "helper_x37e.py").write_text("EXTRA = 2.0\n")
+    plugin = tmp_path / "plugin_x37e.py"
+    plugin.write_text(PLUGIN)
+    suite, out = tiny_suite([{"name": "helped_x37"}]), tmp_path / "out"
+    assert run_suite(suite, out, "--plugins", str(plugin)) == 0
+    (tmp_path / "helper_x37e.py").write_text("EXTRA = 3.0\n")
+    monkeypatch.setattr(fingerprint, "_computed", functools.cache(fingerprint._computed.__wrapped__))  # a new process
+    capsys.readouterr()
+    assert run_suite(suite, out, "--plugins", str(plugin)) == 0
+    assert "running 1: 1 made by other code" in capsys.readouterr().err
+
+
+def test_code_from_two_source_trees_is_refused_in_one_line(tmp_path):
+    """An editable install of this tree, run from a second checkout: clbench from the checkout, clbench.strategies
+    and clbench.scenarios (mapped by the installation) from this tree."""
+    editable = any(p.name.startswith("__editable__") and "clbench" in p.name
+                   for p in Path(next(p for p in sys.path if p.endswith("site-packages"))).iterdir())
+    if not editable:
+        pytest.skip("needs clbench installed in editable mode")
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT / "clbench", checkout / "clbench", ignore=shutil.ignore_patterns("__pycache__"))
+    result = subprocess.run([PYTHON, "-m", "clbench", "--suite", "quick", "--out", str(tmp_path / "out")],
+                            cwd=checkout, capture_output=True, text=True, timeout=300,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"clbench from {checkout}" in lines[0] and f"clbench.strategies from {ROOT}" in lines[0]
+    assert not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 training_curve.png and linked from report.md) and its evaluations (evaluation_log.jsonl); TensorBoard and Weights &
 Biases (offline) log the same rows, the scores after every step and the run's summary when a suite entry attaches
 them; ``--quiet`` silences W&B's console output; api.run prints no Avalanche logger warning."""
+from __future__ import annotations
 
 import csv
 import json
@@ -10,15 +11,18 @@ import struct
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench.artifacts import CURVE_FILE, read_log
 from clbench.callbacks import CallbackContext
 from clbench.cli import main
 from clbench.loggers import COLUMNS, CSV_FILE, EVALUATION_FILE
 from clbench.metrics import seen_accuracy
+from tests._cli import run_suite
 
 RUN = "synthetic__naive__s0"
 
@@ -250,3 +254,65 @@ def test_the_run_draws_its_members_rows_when_it_trained_none_itself(tmp_path):
     assert not (tmp_path / CURVE_FILE).exists()              # members leave the drawing to the run
     run.close()
     assert (tmp_path / CURVE_FILE).stat().st_size > 0 and len(read_log(tmp_path)) == 1
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+PYTHON = sys.executable
+
+
+# --------------------------------------------------------------------------------------------- logs of a run redone
+def _logs(artifacts: Path) -> dict[str, str]:
+    return {name: (artifacts / name).read_text() for name in
+            ("training_log.jsonl", "training_log.csv", "evaluation_log.jsonl", "hooks.jsonl")}
+
+
+BLOCK = """
+import importlib.abc, sys
+class Broken(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in ("wandb", "tensorboard"):
+            raise ImportError(f"{name} is broken here")
+sys.meta_path.insert(0, Broken())
+from clbench.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_redone_rewrites_its_training_evaluation_and_hook_logs(tiny_suite, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "out"
+    suite = tiny_suite([{"name": "naive", "preset": "cpu", "args": {"epochs": 2},
+                         "callbacks": [{"name": "hook_trace", "args": {"batches": 1}}, {"name": "tensorboard"},
+                                       {"name": "wandb"}]}],
+                       scenario_args={"train_per_class": 8, "test_per_class": 4, "n_experiences": 2})
+    assert run_suite(suite, out) == 0
+    artifacts = out / "artifacts" / "synthetic__naive__s0"
+    first = _logs(artifacts)
+    assert len(first["training_log.jsonl"].splitlines()) == 4              # 2 experiences x 2 epochs
+    assert len(first["evaluation_log.jsonl"].splitlines()) == 2
+    for name in first:                      # an interrupted earlier attempt left rows behind
+        with open(artifacts / name, "a") as f:
+            f.write(first[name].splitlines()[-1] + "\n")
+    assert run_suite(suite, out, "--force") == 0
+    assert _logs(artifacts) == first        # exactly the rerun's own rows (the runs are deterministic)
+    assert len(list((artifacts / "tensorboard").glob("events.*"))) == 1       # the rerun's writer only
+    assert len(list((artifacts / "wandb" / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_a_broken_wandb_and_tensorboard_break_only_their_callbacks(tiny_suite, tmp_path):
+    plain = tiny_suite([{"name": "naive", "preset": "cpu", "args": {"epochs": 1}}], name="plain",
+                       scenario_args={"train_per_class": 4, "test_per_class": 2, "n_experiences": 2})
+    logged = tiny_suite([{"name": "naive", "preset": "cpu", "callbacks": [{"name": "tensorboard"}]}], name="logged")
+    env = {**os.environ, "CLBENCH_JOBS": "1", "PYTHONPATH": str(ROOT)}
+    for suite, code in ((plain, 0), (logged, 2)):
+        result = subprocess.run([PYTHON, "-c", BLOCK, "--suite", str(suite), "--out", str(tmp_path / suite.stem),
+                                 "--quiet", "--quiet-table", "--device", "cpu"], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == code, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("suite ")]
+    assert lines == ["error: callback tensorboard needs torch.utils.tensorboard, which cannot be imported "
+                     "(ImportError: tensorboard is broken here); pip install 'clbench[tensorboard]' or remove the "
+                     "tensorboard entries."]
+    assert not (tmp_path / "logged" / "runs" / "synthetic__naive__s0.json").exists()

@@ -11,6 +11,7 @@ import json
 import sys
 import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -380,3 +381,18 @@ def test_corrupt_and_foreign_records_are_reported_and_skipped(tiny_suite, tmp_pa
     assert run_suite(suite, out) == 0                                  # the run reruns the corrupt one, skips foreign
     assert "notes.json" in capsys.readouterr().err
     assert list(pd.read_csv(out / "leaderboard.csv")["n_seeds"]) == [2]
+
+
+# ------------------------------------------------------------------------------------- state, --out, pre-flight
+def test_a_state_file_swapped_for_another_run_s_is_refused(tmp_path):
+    record = SimpleNamespace(run_id="r", identity_hash="h", code_fingerprint="c", started="t")
+    state = tmp_path / "out" / "state" / "r"
+    state.mkdir(parents=True)
+    (state / "strategy.pt").write_bytes(b"mine")
+    record_files.write_owner(state, record)
+    path = tmp_path / "out" / "runs" / "r.json"
+    as_read = {**vars(record), "state_dir": "state/r", "status": "finished"}
+    assert record_files.state_dir(path, as_read) == state.resolve()
+    (state / "strategy.pt").write_bytes(b"another run's")
+    with pytest.raises(record_files.ForeignState, match="files strategy.pt differ from what the run saved"):
+        record_files.state_dir(path, as_read)

@@ -1,13 +1,18 @@
 """The suite loader (:mod:`clbench.suite_file`): a suite file is read, checked and refused in one line naming the
 file, the entry and the key, before any run."""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
 
 import pytest
 import yaml
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
+from clbench import names
 from clbench.errors import ConfigError
-from clbench.suite_file import parse_suite
-from tests._cli import run_suite
+from clbench.suite_file import load_suite, parse_suite
+from tests._cli import one_error_line, run_suite
 
 GOOD = {"suite": "s", "seeds": [0], "scenarios": [{"name": "synthetic"}],
         "strategies": [{"name": "replay", "preset": "cpu", "args": {"mem_size": 50, "model": "mlp"}}]}
@@ -76,3 +81,30 @@ def test_yaml_1_1_strings_that_mean_a_number_are_read_as_that_number():
     assert suite.strategies[0].args["lr"] == 0.001
     assert suite.scenarios[0].args["separation"] == 3.0 and isinstance(suite.scenarios[0].args["separation"], float)
     assert suite.run_specs()[0].identity()["strategy"]["resolved"]["lr"] == 0.001
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------ one line, no traceback
+def test_a_deeply_nested_suite_file_is_one_line_naming_the_limit(tmp_path, capsys):
+    path = tmp_path / "deep.yaml"
+    path.write_text("suite: deep\nscenarios: " + "[" * 3000 + "]" * 3000 + "\n")
+    assert run_suite(path, tmp_path / "out") == 2
+    one_error_line(capsys, str(path), "more than 50 levels")
+
+
+def test_a_label_longer_than_a_file_name_may_be_is_refused_at_load_naming_the_limit(tmp_path):
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump({"suite": "s", "scenarios": [{"name": "synthetic", "label": "x" * 300}],
+                                    "strategies": [{"name": "naive"}]}))
+    with pytest.raises(ConfigError, match=f"300 characters long; at most {names.MAX_NAME}"):
+        load_suite(path)
+
+
+def test_the_missing_opacus_hint_names_an_extra_that_exists():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.startswith("opacus") for d in extras["dp"])
+    for module in ("clbench/suite_file.py", "clbench/privacy/accountant.py"):
+        hinted = {part.split("]")[0] for part in (ROOT / module).read_text().split("clbench[")[1:]}
+        assert hinted <= set(extras), (module, hinted)
