@@ -16,7 +16,8 @@ the imports (about 13 s on the 2-core machine).
 
 The command line's own refusals (:func:`tests.test_preflight.command_line_cases`: ``--jobs 0``, ``$CLBENCH_JOBS``,
 ``--out ''``, an unwritable or locked output folder, ``ulimit -f``, ``--device cuda`` without a GPU, a missing
-``--init``) are timed the same way. Every kind is timed twice: as is, and with a plugin package installed (a
+``--init``) are timed the same way, and so is a dataset that no data root holds
+(:func:`tests.test_preflight.dataset_case`). Every kind is timed twice: as is, and with a plugin package installed (a
 distribution with a ``clbench.plugins`` entry point on ``PYTHONPATH``, as pip installs one), which used to send
 even ``optimizer: sgdd`` to the full check.
 
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from clbench.files import locked_folder  # noqa: E402
 from tests.test_load_checks import MALFORMED, VALUES  # noqa: E402 - the test's files, one list
-from tests.test_preflight import command_line_cases  # noqa: E402
+from tests.test_preflight import command_line_cases, dataset_case  # noqa: E402
 
 PLUGIN = """from clbench.registry import STRATEGIES
 
@@ -98,6 +99,8 @@ def main() -> None:
             path.write_text(text)
             kinds[kind] = (["--suite", str(path), "--out", str(path) + ".out"], {}, 0)
         kinds.update({kind: tuple(case[:3]) for kind, case in command_line_cases(folder).items()})
+        argv, env, _ = dataset_case(folder)
+        kinds["dataset missing"] = (argv, env, 0)
         with locked_folder(folder / "locked", "the benchmark"):
             for kind, (argv, env, fsize) in kinds.items():
                 plain = [refusal(argv, env, fsize) for _ in range(args.repeat)]

@@ -132,18 +132,9 @@ def check_suite_checkpoints(suite: str, scenarios: list[str] | None, strategies:
     that ``--init`` replaces is not read. A file this reading cannot make sense of is left to the loader, which
     refuses it with its own line; a preset's checkpoints are checked after the imports (``check_checkpoints``)."""
     from clbench.config import checkpoint_paths
-    from clbench.specs import ScenarioEntry, StrategyEntry, SuiteSpec
-    from clbench.suite_file import read_yaml, resolve_suite_path
 
-    try:
-        data = read_yaml(resolve_suite_path(suite))
-        entries = [[{"name": e} if isinstance(e, str) else e for e in data[kind]] for kind in ("scenarios",
-                                                                                              "strategies")]
-        spec = SuiteSpec(str(data["suite"]), tuple(ScenarioEntry(e["name"], label=e.get("label", ""))
-                                                   for e in entries[0]),
-                         tuple(StrategyEntry(e["name"], dict(e.get("args") or {}), e.get("label", ""))
-                               for e in entries[1])).select(scenarios, strategies)
-    except (ConfigError, TypeError, KeyError, AttributeError, ValueError):
+    spec = _selected(suite, scenarios, strategies)
+    if spec is None:
         return
     missing: dict[str, list[str]] = {}
     for strategy in spec.strategies:
@@ -153,6 +144,59 @@ def check_suite_checkpoints(suite: str, scenarios: list[str] | None, strategies:
                 if not Path(path).is_file():
                     missing.setdefault(path, []).append(f"{strategy.key} ({field}) on {scenario.key}")
     refuse_missing_checkpoints(missing)
+
+
+def _selected(suite: str, scenarios: list[str] | None, strategies: list[str] | None):
+    """The entries of the suite file ``suite`` as ``--scenario``/``--strategy`` select them (a SuiteSpec, its args
+    unchecked), read without importing their modules; None for a file this reading cannot make sense of (the loader
+    refuses it with its own line)."""
+    from clbench.specs import ScenarioEntry, StrategyEntry, SuiteSpec
+    from clbench.suite_file import read_yaml, resolve_suite_path
+
+    try:
+        data = read_yaml(resolve_suite_path(suite))
+        entries = [[{"name": e} if isinstance(e, str) else e for e in data[kind]] for kind in ("scenarios",
+                                                                                              "strategies")]
+        return SuiteSpec(str(data["suite"]), tuple(ScenarioEntry(e["name"], dict(e.get("args") or {}),
+                                                                 e.get("label", "")) for e in entries[0]),
+                         tuple(StrategyEntry(e["name"], dict(e.get("args") or {}), e.get("label", ""))
+                               for e in entries[1])).select(scenarios, strategies)
+    except (ConfigError, TypeError, KeyError, AttributeError, ValueError):
+        return None
+
+
+def check_suite_datasets(suite: str, scenarios: list[str] | None) -> None:
+    """The dataset files that the selected scenario entries of the suite file ``suite`` read (the datasets the
+    registries' index records for each scenario: :func:`clbench.recorded.dataset_record`), looked for under the
+    data roots (the entry's ``data_root``, ``--data-root``, ``$CLBENCH_DATA``, the system roots) before the suite's
+    modules are imported: a dataset found under none is one :class:`ConfigError` line naming it, the roots searched
+    and the fix; with ``--download`` a downloadable one is left to the run, which fetches it. A scenario the index
+    does not record (a plugin's, or after its module changed) is left to its run."""
+    from clbench.plugins import record
+    from clbench.suite_file import check_without_imports
+
+    check_without_imports(suite)        # a wrong file or value first: the loader's line, as without the data
+    spec = _selected(suite, scenarios, None)
+    for entry in spec.scenarios if spec is not None else ():
+        found = record("scenario", entry.name)
+        for dataset in (found or {}).get("datasets", ()):
+            from clbench.data.roots import ENV_VAR, download_enabled, download_root, search_roots
+
+            data_root = entry.args.get("data_root")
+            if not isinstance(data_root, (str, type(None))) or dataset["download"] and download_enabled():
+                continue
+            roots = search_roots(data_root)
+            if any(all((root / layout["folder"] / name).exists() or layout["gzip_ok"] and
+                       (root / layout["folder"] / f"{name}.gz").exists() for name in layout["files"])
+                   for root in roots for layout in dataset["layouts"]):
+                continue
+            expected = " or ".join(f"{layout['folder']}/{{{', '.join(layout['files'])}}}"
+                                   for layout in dataset["layouts"])
+            fetch = (f", or rerun with --download (fetches it into {download_root(data_root)})"
+                     if dataset["download"] else f" (no automatic download: {dataset['how_to_get']})")
+            raise ConfigError(f"dataset {dataset['name']!r} of scenario {entry.key} not found under the data roots "
+                              f"{', '.join(map(str, roots))} (expected {expected}); set {ENV_VAR}=<a root holding "
+                              f"it> or pass --data-root <root>{fetch}.")
 
 
 def preflight(specs: Iterable, out: Path) -> None:
@@ -170,4 +214,5 @@ def preflight(specs: Iterable, out: Path) -> None:
 
 
 __all__ = ["GPU_DEVICE_FILES", "NEEDS", "check_file_size_limit", "check_gpu_present", "check_suite_checkpoints",
+           "check_suite_datasets",
            "preflight", "refuse_missing_checkpoints", "wandb_login"]

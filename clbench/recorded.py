@@ -201,13 +201,17 @@ def _signature(cls: Any) -> str:
 
 # ------------------------------------------------------------------------------------------------------- scenarios
 def scenario_record(name: str, factory: Any) -> dict | None:
-    """What the index records of scenario ``name``'s factory: the sizes its ``sizes(**args)`` returns for its
-    defaults and for the arguments each shipped suite gives it (checked as the loader checks them); None without a
-    ``sizes`` or when that function reads arguments it does not name."""
+    """What the index records of scenario ``name``'s factory: its keyword parameters (:func:`signature_record`), the
+    datasets it reads (its ``datasets`` attribute: :class:`clbench.data.catalog.DatasetSpec` s, as
+    :func:`dataset_record`) and the sizes its ``sizes(**args)`` returns for its defaults and for the arguments each
+    shipped suite gives it (checked as the loader checks them; left out without a ``sizes`` or when that function
+    reads arguments it does not name)."""
+    record = {"signature": signature_record(factory), "depends": [factory.__module__],
+              "datasets": [dataset_record(spec) for spec in getattr(factory, "datasets", ())]}
     sizes = getattr(factory, "sizes", None)
     params = _size_params(sizes) if sizes is not None else None
     if params is None:
-        return None
+        return record
     table = {}
     for args in [{}, *_suite_arguments().get(name, [])]:
         try:
@@ -216,8 +220,81 @@ def scenario_record(name: str, factory: Any) -> dict | None:
             table[_key(params, checked)] = {name: int(count) for name, count in sizes(**checked).items()}
         except (ValueError, TypeError):       # arguments the loader refuses: left to it
             continue
-    return {"params": params, "sizes": [{"args": json.loads(key), "sizes": found} for key, found in
-                                        sorted(table.items())], "depends": [sizes.__module__]}
+    return {**record, "params": params, "sizes": [{"args": json.loads(key), "sizes": found} for key, found in
+                                                  sorted(table.items())],
+            "depends": sorted({factory.__module__, sizes.__module__})}
+
+
+def dataset_record(spec: Any) -> dict:
+    """A :class:`clbench.data.catalog.DatasetSpec` as data: its name, each layout's folder, file names and whether a
+    file may be gzipped, whether it can be downloaded, and how to get it otherwise."""
+    return {"name": spec.name, "download": spec.download is not None, "how_to_get": spec.how_to_get,
+            "layouts": [{"folder": layout.folder, "files": list(layout.files), "gzip_ok": layout.gzip_ok}
+                        for layout in spec.layouts]}
+
+
+# ------------------------------------------------------------------------------------------------------ signatures
+def signature_record(func: Callable) -> dict:
+    """The keyword parameters of a scenario factory or a callback class (``__init__``): ``{"params": [{name, type,
+    default, within, choices, computed, only_with}], "var_keyword"}``, what :func:`clbench.suite_file.Signature`
+    checks arguments against. A parameter whose annotation or default cannot be written as data has neither (its
+    value is then checked after the imports only); a declaration that cannot be is left out the same way."""
+    hints = type_hints(func)
+    declared = typecheck.parameter_declarations(func)
+    params, var_keyword = [], False
+    target = func.__init__ if isinstance(func, type) else func
+    for i, p in enumerate(inspect.signature(target).parameters.values()):
+        if p.kind is p.VAR_KEYWORD:
+            var_keyword = True
+        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or isinstance(func, type) and i == 0:
+            continue
+        entry: dict[str, Any] = {"name": p.name}
+        try:
+            entry["type"] = annotation_text(hints[p.name]) if p.name in hints else None
+            if p.default is not inspect.Parameter.empty:
+                entry["default"] = _data(p.default)
+            if p.name in declared:
+                entry.update(_declaration_record(declared[p.name], hints))
+        except Unrecordable:
+            entry = {"name": p.name, "type": None}
+        params.append(entry)
+    return {"params": params, "var_keyword": var_keyword}
+
+
+def _declaration_record(declared: typecheck.Declared, hints: dict) -> dict:
+    need = declared.only_with
+    if need is not None and not isinstance(need.test, Equals):
+        raise Unrecordable(f"only_with {need!r}")
+    return {key: value for key, value in {
+        "within": dataclasses.asdict(declared.within) if declared.within is not None else None,
+        "choices": _data(declared.allowed()) if declared.choices is not None else None,
+        "computed": callable(declared.choices) or None,
+        "only_with": None if need is None else {"other": need.other, "equals": _data(need.test.value),
+                                                "wanted": need.wanted, "example": _data(need.example)},
+    }.items() if value is not None}
+
+
+def declared_parameters(signature: dict, computed_choices: bool) -> tuple[dict, dict, dict]:
+    """``(hints, declarations, defaults)`` of the parameters a :func:`signature_record` describes with a type: those
+    the torch-free check reads (computed choices only with ``computed_choices``, as :func:`stand_in`)."""
+    hints, declared, defaults = {}, {}, {}
+    for p in signature["params"]:
+        if p.get("type") is None:
+            continue
+        hints[p["name"]] = parse_annotation(p["type"])
+    for p in signature["params"]:
+        if p["name"] not in hints:
+            continue
+        if "default" in p:
+            defaults[p["name"]] = _restored(p["default"], hints[p["name"]])
+        need = p.get("only_with")
+        declared[p["name"]] = typecheck.Declared(
+            within=Range(**p["within"]) if "within" in p else None,
+            choices=p.get("choices") if computed_choices or not p.get("computed") else None,
+            only_with=None if need is None else UsedOnlyWith(
+                need["other"], Equals(_restored(need["equals"], hints.get(need["other"], Any))), need["wanted"],
+                _restored(need["example"], hints.get(need["other"], Any))))
+    return hints, declared, defaults
 
 
 def _size_params(sizes: Callable) -> dict | None:
@@ -253,7 +330,7 @@ def recorded_sizes(record: dict | None, args: dict) -> dict[str, int] | None:
     """The sizes a scenario's ``record`` holds for ``args`` as a suite gives them (None: not recorded; the full check
     computes them). A value matches only as the same JSON (``5`` is not ``5.0``, nor ``"5"``), so the recorded sizes
     are those the function returns for the values the loader makes of ``args``."""
-    if record is None:
+    if record is None or "sizes" not in record:
         return None
     try:
         key = _key(record["params"], args)
@@ -262,7 +339,8 @@ def recorded_sizes(record: dict | None, args: dict) -> dict[str, int] | None:
     return next((e["sizes"] for e in record["sizes"] if json.dumps(e["args"], sort_keys=True) == key), None)
 
 
-RECORDERS: dict[str, Callable[[str, Any], dict | None]] = {"strategy": lambda name, cls: strategy_record(cls),
-                                                          "scenario": scenario_record}
+RECORDERS: dict[str, Callable[[str, Any], dict | None]] = {
+    "strategy": lambda name, cls: strategy_record(cls), "scenario": scenario_record,
+    "callback": lambda name, cls: {"signature": signature_record(cls), "depends": [cls.__module__]}}
 """The kinds whose entries the index records, and how (``recorder(name, entry)``; each record lists the modules it
 ``depends`` on)."""

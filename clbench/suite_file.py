@@ -31,6 +31,7 @@ import importlib.util
 import inspect
 import os
 import sys
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -92,20 +93,67 @@ def _entry_list(where: str, raw: Any, keys: tuple[str, ...], allow_empty: bool =
     return out
 
 
+@dataclass(frozen=True)
+class Signature:
+    """The keyword parameters a scenario factory or a callback takes: their names, whether it takes ``**kwargs``,
+    the annotations, declarations and defaults the values are checked against. :meth:`of` reads them from the
+    factory (after importing its module), :meth:`recorded` from the registries' index (:mod:`clbench.recorded`:
+    before any import); the one :meth:`check` runs on both, so the refusals read the same."""
+
+    names: tuple[str, ...]
+    var_keyword: bool
+    hints: dict
+    declared: dict
+    defaults: dict
+    complete: bool = True        # False: only the values of ``hints`` are known (the others checked after imports)
+
+    @classmethod
+    def of(cls, factory: Any) -> Signature:
+        params = inspect.signature(factory).parameters
+        return cls(tuple(params), any(p.kind is p.VAR_KEYWORD for p in params.values()), type_hints(factory),
+                   typecheck.parameter_declarations(factory),
+                   {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty})
+
+    @classmethod
+    def recorded(cls, kind: str, name: str) -> Signature | None:
+        found = record(kind, name)
+        if found is None or "signature" not in found:
+            return None
+        hints, declared, defaults = recorded.declared_parameters(found["signature"], only_shipped())
+        return cls(tuple(p["name"] for p in found["signature"]["params"]), found["signature"]["var_keyword"], hints,
+                   declared, defaults, complete=False)
+
+    def check(self, args: dict, where_keys: str, prefix: str, skip: tuple[str, ...] = ()) -> dict:
+        """``args`` checked: unknown keys (:class:`ConfigError` naming ``where_keys``; ``skip`` are not arguments
+        here), then types, ranges and choices (:class:`~clbench.typecheck.TypeMismatch` naming ``prefix + key``);
+        a recorded signature checks only the values whose annotation it records and returns those."""
+        if not self.var_keyword:
+            check_keys(where_keys, args, [n for n in self.names if n not in skip])
+        known = args if self.complete else {k: v for k, v in args.items() if k in self.hints}
+        return typecheck.check_values(known, self.hints, prefix, self.declared)
+
+    def check_used(self, where: str, args: dict) -> None:
+        """Refuse an argument given while the argument it is used only with (its declared
+        :class:`~clbench.typecheck.UsedOnlyWith`) has another value (given, else the default): it would change
+        nothing but the run's identity (dp's ``gamma`` with ``clipping: flat``)."""
+        for name, need in ((n, d.only_with) for n, d in self.declared.items()
+                           if d.only_with is not None and n in args):
+            if not self.complete and need.other not in self.hints:
+                continue
+            other = args.get(need.other, self.defaults.get(need.other))
+            if not need.test(other):
+                raise ConfigError(f"{where}.args.{name} is used only with {need.other}: {need.wanted} (this entry's "
+                                  f"{need.other} is {brief(other)}), so it would change nothing; remove it or set "
+                                  f"{need.other}.")
+
+
 def _checked_scenario_args(where: str, name: str, args: dict) -> dict:
     """``args`` checked against the scenario factory's keyword parameters, their annotations and declared ranges
     and choices (:func:`clbench.typecheck.parameter_declarations`), then against the data by the factory's optional
     ``check_args(**args)`` (a ``ValueError`` there, e.g. more experiences than classes, is a :class:`ConfigError`):
     what the scenario would refuse when built is refused at load."""
     factory = SCENARIOS.get(name)
-    params = inspect.signature(factory).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        check_keys(f"{where}: args", args, [p for p in params if p != "seed"])
-    try:
-        checked = typecheck.check_values(args, type_hints(factory), "args.",
-                                         typecheck.parameter_declarations(factory))
-    except typecheck.TypeMismatch as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    checked = _scenario_args(where, Signature.of(factory), args)
     check = getattr(factory, "check_args", None)
     if check is not None:
         try:
@@ -113,6 +161,13 @@ def _checked_scenario_args(where: str, name: str, args: dict) -> dict:
         except ValueError as exc:
             raise ConfigError(f"{where}: args: {exc}") from None
     return checked
+
+
+def _scenario_args(where: str, signature: Signature, args: dict) -> dict:
+    try:
+        return signature.check(args, f"{where}: args", "args.", skip=("seed",))
+    except typecheck.TypeMismatch as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
@@ -124,31 +179,20 @@ def parse_callbacks(where: str, raw: Any) -> tuple[dict, ...]:
             factory = CALLBACKS.get(item["name"])
         except KeyError as exc:
             raise ConfigError(f"{where}[{i}]: {exc}") from None
-        args = item.get("args", {})
-        params = inspect.signature(factory).parameters
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            check_keys(f"{where}[{i}].args (callback {brief(item['name'])})", args, list(params))
-        declared = typecheck.parameter_declarations(factory)
-        try:
-            args = typecheck.check_values(args, type_hints(factory), f"[{i}].args.", declared)
-        except typecheck.TypeMismatch as exc:
-            raise ConfigError(f"{where}{exc}") from None
-        _check_used_args(f"{where}[{i}]", factory, args, declared)
+        args = _callback_args(where, i, item, Signature.of(factory))
         out.append({"name": item["name"], "args": dict(args)})
     return tuple(out)
 
 
-def _check_used_args(where: str, factory: Any, args: dict, declared: dict) -> None:
-    """Refuse an argument given while the argument it is used only with (its declared
-    :class:`~clbench.typecheck.UsedOnlyWith`) has another value (given, else the factory's default): it would change
-    nothing but the run's identity (dp's ``gamma`` with ``clipping: flat``)."""
-    params = inspect.signature(factory).parameters
-    for name, need in ((n, d.only_with) for n, d in declared.items() if d.only_with is not None and n in args):
-        other = args.get(need.other, params[need.other].default if need.other in params else None)
-        if not need.test(other):
-            raise ConfigError(f"{where}.args.{name} is used only with {need.other}: {need.wanted} (this entry's "
-                              f"{need.other} is {brief(other)}), so it would change nothing; remove it or set "
-                              f"{need.other}.")
+def _callback_args(where: str, i: int, item: dict, signature: Signature) -> dict:
+    """The args of ``where[i]``, a callback entry, checked against its factory's ``signature``."""
+    try:
+        args = signature.check(item.get("args", {}), f"{where}[{i}].args (callback {brief(item['name'])})",
+                               f"[{i}].args.")
+    except typecheck.TypeMismatch as exc:
+        raise ConfigError(f"{where}{exc}") from None
+    signature.check_used(f"{where}[{i}]", args)
+    return args
 
 
 def _parse_dp(where: str, raw: Any) -> tuple[dict, ...]:
@@ -245,6 +289,8 @@ def _check_sizes(source: str, scenarios: list[tuple[ScenarioEntry, dict[str, int
 
 def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategies: list[dict]) -> None:
     """The values checked from the registries' index, before any strategy or scenario module is imported: each
+    scenario entry's args and each callback entry's (``dp:`` included) against the factory's recorded keyword
+    parameters (:meth:`Signature.recorded`: unknown keys, types, ranges, choices, ``only_with``), each
     strategy entry's preset and args against the stand-in of its ``Config`` the index records (unknown fields,
     types, ranges, choices, preset names, ``only_with`` equalities: :func:`clbench.config.checked_config`, the
     code and messages of the full check), then the fields bounded by a scenario size against the sizes the index
@@ -252,6 +298,19 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
     (:mod:`clbench.recorded`) is left to the full check, which runs after, and so is ``model_args`` (checked against
     the model factory's signature, which needs the model's module): an entry that sets it is not checked here, a
     preset's is left out."""
+    for j, item in enumerate(raw_scenarios):
+        signature = Signature.recorded("scenario", item["name"])
+        if signature is not None:
+            _scenario_args(f"{source}: scenarios[{j}] ({item['name']})", signature, item.get("args", {}))
+    for i, item in enumerate(raw_strategies):
+        where = f"{source}: strategies[{i}] ({item['name']})"
+        entries = [(f"{where}.callbacks", k, c) for k, c in enumerate(_entry_list(
+            f"{where}.callbacks", item.get("callbacks", []), CALLBACK_KEYS, allow_empty=True))]
+        for place, k, callback in [*entries, *([(f"{where}.dp", 0, {"name": "dp", "args": item["dp"]})]
+                                              if "dp" in item else [])]:
+            signature = Signature.recorded("callback", callback["name"])
+            if signature is not None:
+                _callback_args(place, k, callback, signature)
     computed_choices = only_shipped()
     checked = []
     for i, item in enumerate(raw_strategies):
@@ -293,12 +352,9 @@ def _load_plugins(source: str, plugins: Any) -> None:
             raise ConfigError(f"{source}: {exc}") from None
 
 
-def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
-    """Validate a suite mapping (already parsed from YAML) into a :class:`SuiteSpec`. The shape of the file (keys,
-    names, labels, seeds, entries given twice) is checked first, from the registries' index, then the strategies'
-    values and the memory and shard sizes against what the index records of the shipped Configs and scenario sizes
-    (:func:`_check_recorded_values`): such a file is refused without importing a strategy or scenario module (nor
-    torch). Every value is checked after, against the modules that use them."""
+def _checked_without_imports(data: Any, source: str) -> tuple[str, list, list[dict], list[dict]]:
+    """The first phase of :func:`parse_suite`, which imports no strategy or scenario module: ``(name, seeds,
+    scenario entries, strategy entries)``."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a suite file must be a mapping with keys {', '.join(SUITE_KEYS)}.")
     check_keys(source, data, SUITE_KEYS)
@@ -323,7 +379,24 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         if dupes:
             raise ConfigError(f"{source}: {kind} {brief(dupes[0])} appears twice; give the entries distinct 'label's.")
     _check_recorded_values(source, raw_scenarios, raw_strategies)
+    return name, seeds, raw_scenarios, raw_strategies
 
+
+def check_without_imports(suite: str | Path) -> None:
+    """What :func:`load_suite` refuses before importing a strategy or scenario module (the file's shape and the
+    values the registries' index records), refused the same way: ``clbench run`` checks it before what needs the
+    file to be right (the datasets its scenarios read)."""
+    path = resolve_suite_path(str(suite))
+    _checked_without_imports(read_yaml(path), str(path))
+
+
+def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
+    """Validate a suite mapping (already parsed from YAML) into a :class:`SuiteSpec`. The shape of the file (keys,
+    names, labels, seeds, entries given twice) is checked first, from the registries' index, then the strategies'
+    values and the memory and shard sizes against what the index records of the shipped Configs and scenario sizes
+    (:func:`_check_recorded_values`): such a file is refused without importing a strategy or scenario module (nor
+    torch). Every value is checked after, against the modules that use them."""
+    name, seeds, raw_scenarios, raw_strategies = _checked_without_imports(data, source)
     scenarios = []
     for i, item in enumerate(raw_scenarios):
         where = f"{source}: scenarios[{i}] ({item['name']})"

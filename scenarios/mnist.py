@@ -110,6 +110,8 @@ split_mnist.check_args = _split_check(MNIST_TRAIN_PER_CLASS)
 split_fmnist.check_args = _split_check(FASHION_MNIST_TRAIN_PER_CLASS)
 split_mnist.sizes = _sizes_of(MNIST_TRAIN_PER_CLASS)
 split_fmnist.sizes = _sizes_of(FASHION_MNIST_TRAIN_PER_CLASS)
+split_mnist.datasets = (data.MNIST,)        # what it reads: checked before `clbench run` imports (the index records it)
+split_fmnist.datasets = (data.FASHION_MNIST,)
 
 
 @SCENARIOS.register("mnist_transfer")
@@ -123,6 +125,7 @@ def mnist_transfer(*, seed: int = 0, max_per_class: int | None = None,
 
 
 mnist_transfer.check_args = _holdout_check(MNIST_TRAIN_PER_CLASS)
+mnist_transfer.datasets = (data.MNIST,)
 
 
 @SCENARIOS.register("mnist_fmnist")
@@ -151,3 +154,4 @@ def mnist_fmnist(*, seed: int = 0, mode: Literal["class", "domain"] = "class", m
 
 
 mnist_fmnist.check_args = _holdout_check(MNIST_TRAIN_PER_CLASS, FASHION_MNIST_TRAIN_PER_CLASS)
+mnist_fmnist.datasets = (data.MNIST, data.FASHION_MNIST)

@@ -17,7 +17,7 @@ import pytest
 
 from clbench import suite_file, typecheck
 from clbench.errors import ConfigError
-from clbench.registry import SCENARIOS, STRATEGIES
+from clbench.registry import CALLBACKS, SCENARIOS, STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -317,6 +317,33 @@ VALUES = {      # a wrong value that only the strategy's Config or the scenario'
     "preset with model_args": (     # the preset's model_args are left to the full check, the rest checked here
         "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: adapter_par, preset: full, args: {epochs: -1}}\n",
         "strategies[0] (adapter_par): args.epochs: -1 is out of range: epochs must be >= 1"),
+    # a scenario's or a callback's argument: checked against the factory's keyword parameters the index records
+    "scenario: unknown argument": (
+        "suite: x\nscenarios: [{name: split_cifar100, args: {n_experience: 5}}]\nstrategies: [naive]\n",
+        "scenarios[0] (split_cifar100): args: unknown key 'n_experience'. Did you mean 'n_experiences'? Allowed keys: "
+        "n_experiences, initial_classes, class_order, classes, max_per_class, default_model, data_root, holdout, "
+        "valid_fraction."),
+    "scenario: argument of the wrong type": (
+        "suite: x\nscenarios: [{name: split_mnist, args: {n_experiences: five}}]\nstrategies: [naive]\n",
+        "scenarios[0] (split_mnist): args.n_experiences: expected an int, got 'five'"),
+    "scenario: argument out of range": (
+        "suite: x\nscenarios: [{name: split_cifar100, args: {valid_fraction: 1.5}}]\nstrategies: [naive]\n",
+        "scenarios[0] (split_cifar100): args.valid_fraction: 1.5 is out of range: valid_fraction must be in (0, 1)"),
+    "dp: unknown key": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: naive, dp: {epsilon: 3.0, clip_norm: 1.0}}\n",
+        "strategies[0] (naive).dp[0].args (callback 'dp'): unknown key 'clip_norm'. Did you mean 'clip' or "
+        "'clipping'? Allowed keys: epsilon, delta, clip, clipping, noise_multiplier, gamma."),
+    "dp: wrong type": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: naive, dp: {epsilon: three}}\n",
+        "strategies[0] (naive).dp[0].args.epsilon: expected float or None, got 'three'"),
+    "dp: gamma without automatic clipping": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: naive, dp: {epsilon: 3.0, gamma: 0.5}}\n",
+        "strategies[0] (naive).dp[0].args.gamma is used only with clipping: automatic (this entry's clipping is "
+        "'flat'), so it would change nothing; remove it or set clipping."),
+    "callback: argument out of range": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n"
+        "  - {name: naive, callbacks: [{name: hook_trace, args: {batches: 0}}]}\n",
+        "strategies[0] (naive).callbacks[0].args.batches: 0 is out of range: batches must be >= 1"),
 }
 
 
@@ -388,9 +415,10 @@ def test_the_index_leaves_to_the_full_check_what_it_does_not_record(monkeypatch)
     suite_file._check_recorded_values("s.yaml", digits, outside_net)
 
 
-def test_every_shipped_strategy_and_every_scenario_with_sizes_is_recorded_in_the_index():
+def test_every_shipped_strategy_scenario_and_callback_is_recorded_in_the_index():
     """Shipped: registered by clbench's own modules (a test module imported earlier in the session, such as
-    tests._fakes, registers names the index rightly does not hold)."""
+    tests._fakes, registers names the index rightly does not hold). Every scenario and callback has its keyword
+    parameters recorded; sizes only where the scenario declares them."""
     from clbench.plugins import INDEX_FILE
 
     def shipped(registry) -> set[str]:
@@ -398,9 +426,11 @@ def test_every_shipped_strategy_and_every_scenario_with_sizes_is_recorded_in_the
 
     modules = json.loads(INDEX_FILE.read_text())["modules"].values()
     recorded = {kind: set().union(*(m.get("records", {}).get(kind, {}) for m in modules))
-                for kind in ("strategy", "scenario")}
+                for kind in ("strategy", "scenario", "callback")}
     assert recorded["strategy"] == shipped(STRATEGIES)
-    assert recorded["scenario"] == {n for n in shipped(SCENARIOS) if getattr(SCENARIOS.get(n), "sizes", None)}
+    assert recorded["scenario"] == shipped(SCENARIOS) and recorded["callback"] == shipped(CALLBACKS)
+    sized = {n for m in modules for n, r in m.get("records", {}).get("scenario", {}).items() if "sizes" in r}
+    assert sized == {n for n in shipped(SCENARIOS) if getattr(SCENARIOS.get(n), "sizes", None)}
 
 
 def test_a_yaml_error_is_cut_to_300_characters(tmp_path):
@@ -502,7 +532,9 @@ def test_a_scenario_record_holds_the_sizes_of_the_arguments_the_loader_accepts(m
     factory.sizes = lambda n=2, **_: {"train_samples": 10 * n, "experience_samples": n}
     monkeypatch.setattr(recorded, "_suite_arguments", lambda: {"fake": [{"n": 0}, {"n": 3.5}, {"n": 3}]})
     assert recorded.scenario_record("fake", factory) == {
-        "params": {"n": 2}, "depends": [__name__],
+        "params": {"n": 2}, "depends": [__name__], "datasets": [],
+        "signature": {"params": [{"name": "n", "type": "int", "default": 2, "within": {
+            "low": 1, "high": None, "open_low": False, "open_high": False}}], "var_keyword": True},
         "sizes": [{"args": {"n": 2}, "sizes": {"train_samples": 20, "experience_samples": 2}},
                   {"args": {"n": 3}, "sizes": {"train_samples": 30, "experience_samples": 3}}]}
 
@@ -671,13 +703,13 @@ def factory_with_a_dependent_argument(*, a: Annotated[int, typecheck.Declared(on
 
 
 def test_an_argument_used_only_with_one_that_is_not_given_is_refused():
-    declared = typecheck.parameter_declarations(factory_with_a_dependent_argument)
+    signature = suite_file.Signature.of(factory_with_a_dependent_argument)
     with pytest.raises(ConfigError) as info:
-        suite_file._check_used_args("w", factory_with_a_dependent_argument, {"a": 1}, declared)
+        signature.check_used("w", {"a": 1})
     assert str(info.value) == ("w.args.a is used only with b: 1 (this entry's b is None), so it would change nothing; "
                                "remove it or set b.")
-    suite_file._check_used_args("w", factory_with_a_dependent_argument, {"a": 1, "b": 1}, declared)
-    suite_file._check_used_args("w", factory_with_a_dependent_argument, {"b": 2}, declared)
+    signature.check_used("w", {"a": 1, "b": 1})
+    signature.check_used("w", {"b": 2})
 
 
 def test_installed_looks_a_module_up_without_importing_it(monkeypatch):

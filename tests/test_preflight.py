@@ -90,3 +90,29 @@ def test_cuda_on_a_machine_without_a_gpu_is_refused_without_torch():
         check_gpu_present("cuda:1")
     check_gpu_present("cpu")
     check_gpu_present("auto")
+
+
+def dataset_case(tmp_path: Path) -> tuple[list, dict, str]:
+    """``(argv, environment, the start of the refusal after 'error: ')`` of a suite whose scenario reads CIFAR-100
+    from data roots that do not hold it (benchmarks/refusal_time.py times it too)."""
+    path = tmp_path / "data_suite.yaml"
+    path.write_text(f"suite: data_suite\nscenarios: [{{name: split_cifar100, args: {{data_root: '{tmp_path}/a'}}}}]\n"
+                    f"strategies: [naive]\n")
+    env = {"CLBENCH_DATA": str(tmp_path / "b"), "HOME": str(tmp_path / "home")}
+    roots = f"{tmp_path}/a, {tmp_path}/b, {tmp_path}/home/.cache/clbench, /usr/share/datasets"
+    return (["--suite", str(path), "--out", str(tmp_path / "out"), "--quiet"], env,
+            f"dataset 'cifar100' of scenario split_cifar100 not found under the data roots {roots} (expected "
+            f"cifar-100-python/{{train, test}} or cifar100/{{cifar100.npz}}); set CLBENCH_DATA=<a root holding "
+            f"it> or pass --data-root <root>, or rerun with --download (fetches it into {tmp_path}/a).")
+
+
+def test_a_missing_dataset_is_refused_before_the_imports(tmp_path):
+    """The run command looks for the datasets the selected scenarios read (recorded in the registries' index) under
+    the data roots before the suite's imports: one line naming the dataset, the roots and the fix (was the loader's
+    DatasetNotFound in every run, after the imports); the data roots' module reads numpy, nothing heavier."""
+    argv, env, start = dataset_case(tmp_path)
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([[argv, env, 0]])], capture_output=True,
+                          text=True, cwd=ROOT)
+    [[code, err]], heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (code, err) == (2, f"error: {start}\n")
+    assert [m for m in heavy if not m.startswith("numpy")] == [], heavy

@@ -20,6 +20,7 @@ from clbench.preflight import (
     check_file_size_limit,
     check_gpu_present,
     check_suite_checkpoints,
+    check_suite_datasets,
     refuse_missing_checkpoints,
 )
 from clbench.registry import COMMANDS, STRATEGIES
@@ -164,7 +165,8 @@ def _check_before_imports(args: argparse.Namespace) -> None:
     """What the command line alone decides, refused before the suite's modules (and torch) are imported: the
     flags, ``$CLBENCH_JOBS``, the file size limit, ``--device cuda`` on a machine without a GPU, the output folder
     (writable, not in use by another suite: its name read from the suite file when ``--out`` is not given), the
-    ``--init`` file and the checkpoint files the suite's selected entries name."""
+    ``--init`` file, the checkpoint files the suite's selected entries name and the datasets their scenarios
+    read."""
     _check_flags(args)
     if args.jobs is None:
         _jobs_default()
@@ -182,6 +184,7 @@ def _check_before_imports(args: argparse.Namespace) -> None:
                           f"run_bench.py pretrain` (the commands are in docs/petl.md and docs/tangent.md) or pass a "
                           f"local file.")
     check_suite_checkpoints(args.suite, args.scenario, args.strategy, args.init)
+    check_suite_datasets(args.suite, args.scenario)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
