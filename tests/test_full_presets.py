@@ -18,8 +18,8 @@ from clbench.suite_file import parse_suite
 
 IMAGES = {"n_classes": 4, "n_experiences": 2, "train_per_class": 32, "test_per_class": 4, "image_size": 32,
           "channels": 3, "separation": 6.0}
-ONE_STEP = {**IMAGES, "n_experiences": 1, "train_per_class": 16}
-FEW_EPOCHS = {"epochs": 3, "first_epochs": 3, "warmup_epochs": 0, "finetune_epochs": 0, "retrain_epochs": 0}
+ONE_STEP = {**IMAGES, "n_experiences": 1, "train_per_class": 64, "image_size": 8}
+FEW_EPOCHS = {"epochs": 3, "first_epochs": 3, "warmup_epochs": 1, "finetune_epochs": 0, "retrain_epochs": 0}
 N_ITEMS = 12
 
 
@@ -42,24 +42,25 @@ def _rows(suite: str) -> list[tuple[str, dict]]:
 
 
 IMAGE_ROWS = _rows("cifar100_full") + _rows("der_full") + _rows("dytox_full")
-UNSETTLED = {("cifar100_full", "icarl"): "iCaRL at lr 2.0: loss 0.85 -> 0.99 over 3 single-batch epochs",
-             ("der_full", "der"): "DER at lr 0.1 without its 10 warm-up epochs: loss 1.78 -> 2.23 over 3 epochs"}
-"""Rows whose loss rose at this reduced size (one minibatch per epoch, 3 updates: inconclusive, open): strict xfail,
-so a fix makes the test say so."""
+
+
+LONGER = {"der": 8}
+"""Rows that need more epochs to show the loss falling: DER's first task at lr 0.1 / momentum 0.9 without warm-up
+(the paper warms up tasks after the first only) spikes over the first epochs (2.25 -> 4.76 after 3 epochs of two
+minibatches) and falls after (< 1e-3 after 8)."""
 
 
 def _reduced(entry: dict) -> dict:
-    """The row's args with the epochs cut to 3 (warm-up, fine-tuning and re-training off) and memory 16: only the
-    fields its Config has."""
+    """The row's args with the epochs cut to 3 (one of them warm-up where the row warms up; fine-tuning and
+    re-training off) and memory 16: only the fields its Config has."""
     from clbench.config import build_config
     fields = build_config(entry["name"], entry["preset"], {}).__dataclass_fields__
-    args = {**entry.get("args", {}), **{k: v for k, v in FEW_EPOCHS.items() if k in fields}}
+    epochs = {k: LONGER.get(entry["name"], v) if k in ("epochs", "first_epochs") else v for k, v in FEW_EPOCHS.items()}
+    args = {**entry.get("args", {}), **{k: v for k, v in epochs.items() if k in fields}}
     return {**args, "mem_size": 16} if "mem_size" in args else args
 
 
-@pytest.mark.parametrize("suite,entry", [
-    pytest.param(s, e, id=f"{s}-{e['name']}", marks=[pytest.mark.xfail(reason=UNSETTLED[s, e["name"]], strict=True)]
-                 if (s, e["name"]) in UNSETTLED else []) for s, e in IMAGE_ROWS])
+@pytest.mark.parametrize("suite,entry", IMAGE_ROWS, ids=[f"{s}-{e['name']}" for s, e in IMAGE_ROWS])
 def test_one_step_of_every_image_full_row_trains_without_diverging(suite, entry):
     record = api.run("synthetic", entry["name"], preset=entry["preset"], args=_reduced(entry),
                      scenario_args=ONE_STEP, seed=0, device="cpu")
