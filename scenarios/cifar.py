@@ -58,7 +58,7 @@ def _holdout_check(default_classes: int):
 
 
 split_cifar100.check_args = _holdout_check(100)
-split_cifar100.datasets = (data.CIFAR100,)     # what it reads: checked before `clbench run` imports (the index records it)
+split_cifar100.datasets = (data.CIFAR100,)     # what it reads (recorded in the index, checked before imports)
 
 
 @SCENARIOS.register("cifar100_transfer")
@@ -79,4 +79,4 @@ def cifar100_transfer(*, seed: int = 0, classes: int = 50, max_per_class: int | 
 
 
 cifar100_transfer.check_args = _holdout_check(50)
-cifar100_transfer.datasets = (data.CIFAR100,)     # what it reads: checked before `clbench run` imports (the index records it)
+cifar100_transfer.datasets = (data.CIFAR100,)     # what it reads (recorded in the index, checked before imports)
