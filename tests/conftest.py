@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 
 import pytest
+import yaml
 
 warnings.filterwarnings("ignore", message="No loggers specified")
 
@@ -78,3 +80,26 @@ def ctrl_c():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(scope="module")
+def copied_results(tmp_path_factory):
+    """A taft_shards run in ``original``, its results folder copied to ``archive``, then the original run made
+    again with other settings (its state replaced). Used by tests/test_records.py and tests/test_commands_forget.py."""
+    from tests._cli import run_suite
+
+    root = tmp_path_factory.mktemp("copied")
+    vit = {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}
+
+    def suite(n_shards):
+        path = root / f"s{n_shards}.yaml"
+        path.write_text(yaml.safe_dump({
+            "suite": "s", "scenarios": [{"name": "synthetic", "args": {"train_per_class": 10, "test_per_class": 5}}],
+            "strategies": [{"name": "taft_shards", "preset": "cpu",
+                            "args": {"n_shards": n_shards, "epochs": 1, "model_args": vit}}]}))
+        return path
+
+    assert run_suite(suite(3), root / "original") == 0
+    shutil.copytree(root / "original", root / "archive")
+    assert run_suite(suite(2), root / "original") == 0
+    return root

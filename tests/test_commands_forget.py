@@ -3,6 +3,7 @@ is removed; what it removes is recorded exactly."""
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import records as record_files
 from clbench.cli import main
 from clbench.files import locked_folder
-from tests._cli import run_suite
+from tests._cli import one_error_line, run_suite
 
 TINY_VIT = {"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 4}
 
@@ -105,3 +106,41 @@ def test_the_forget_method_refuses_unknown_and_empty_ids(shard_run):
         with pytest.raises(ValueError, match=message):
             strategy.forget(ids, "subtract")
     assert strategy.shard_ids() == before
+
+
+def test_forget_on_a_copied_results_folder_uses_the_copy_s_own_state(copied_results, capsys):
+    archive = copied_results / "archive/runs/synthetic__taft_shards__s0.json"
+    (copied_results / "ids.txt").write_text("4")
+    capsys.readouterr()
+    assert main(["forget", "--run", str(archive), "--ids", str(copied_results / "ids.txt"), "--mode", "retrain"]) == 0
+    row = json.loads((copied_results / "archive/removals/synthetic__taft_shards__s0__retrain__ids.json").read_text())
+    assert row["shards_left"] == 3 * 3                            # the archive's 3 shards per experience, not 2
+    assert not (copied_results / "original/removals").exists()
+
+
+def test_forget_refuses_a_record_whose_state_belongs_to_another_run(copied_results, capsys):
+    """A record written before paths were relative names the original folder's state, which another run replaced."""
+    archive = copied_results / "archive/runs/synthetic__taft_shards__s0.json"
+    old_style = copied_results / "old/runs/synthetic__taft_shards__s0.json"
+    old_style.parent.mkdir(parents=True)
+    record = json.loads(archive.read_text())
+    record["state_dir"] = str(copied_results / "original/state/synthetic__taft_shards__s0")
+    old_style.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["forget", "--run", str(old_style), "--touch", "1"]) == 2
+    one_error_line(capsys, "written by another run", "--force")
+    assert not (copied_results / "old/removals").exists()
+
+
+def test_forget_refuses_a_state_whose_strategy_file_was_swapped_for_another_run_s(copied_results, capsys):
+    """The archive's own state folder (owner file intact), its strategy.pt replaced by the rerun's (2 shards, not 3):
+    forget would serve the other run's weights under this record's name (issue #37)."""
+    swapped = copied_results / "swapped"
+    shutil.copytree(copied_results / "archive", swapped)
+    shutil.rmtree(swapped / "removals", ignore_errors=True)          # the archive's own, made by an earlier test
+    state = "state/synthetic__taft_shards__s0/strategy.pt"
+    shutil.copy(copied_results / "original" / state, swapped / state)
+    capsys.readouterr()
+    assert main(["forget", "--run", str(swapped / "runs/synthetic__taft_shards__s0.json"), "--touch", "1"]) == 2
+    one_error_line(capsys, "strategy.pt differ from what the run saved", "--force")
+    assert not (swapped / "removals").exists()

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import torch
+import yaml
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import executors
@@ -72,3 +73,42 @@ def test_a_truncated_checkpoint_is_one_line_naming_the_file_before_the_first_run
     assert run_suite(suite, tmp_path / "out") == 2
     one_error_line(capsys, f"checkpoint file {checkpoint} cannot be read", "cut short")
     assert not list((tmp_path / "out").rglob("*.json"))
+
+
+DIGITS = {"suite": "s", "seeds": [0], "scenarios": [{"name": "split_digits"}],
+          "strategies": [{"name": "naive", "preset": "cpu"}]}
+
+
+# ------------------------------------------------------------------------------------------------ disk full
+def _disk_full(*_, **__):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_missing_checkpoint_is_refused_before_the_first_run(tmp_path, capsys):
+    """An ``init`` file that does not exist (after ``{scenario}`` is replaced) is one error line naming the file
+    and how to create it, exit code 2, and no run starts (each run would have failed on it)."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu", "args": {
+        "init": str(tmp_path / "none_{scenario}.pt")}}]}))
+    assert run_suite(suite, tmp_path / "out") == 2
+    one_error_line(capsys, str(tmp_path / "none_split_digits.pt"), "naive (init) on split_digits", "pretrain")
+    assert not list((tmp_path / "out").glob("runs/*.json"))
+
+
+def test_a_full_disk_while_plotting_is_one_line_and_keeps_the_records(tiny_suite, tmp_path, capsys, monkeypatch):
+    from matplotlib.figure import Figure
+
+    monkeypatch.setattr(Figure, "savefig", _disk_full)
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
+    one_error_line(capsys, "plots", "No space left on device")
+    assert len(list((tmp_path / "out/runs").glob("*.json"))) == 1
+    assert not [p for p in (tmp_path / "out").rglob("*.tmp")]
+
+
+def test_seeds_given_on_the_command_line_are_checked_too(tmp_path, capsys):
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump(DIGITS))
+    assert run_suite(suite, tmp_path / "out", "--seeds", "3", "3") == 2
+    one_error_line(capsys, "seed 3 appears twice")
+    assert run_suite(suite, tmp_path / "out", "--seeds", str(2**32)) == 2
+    one_error_line(capsys, "2**32")

@@ -6,6 +6,7 @@ import typing
 import pytest
 import yaml
 
+from clbench import config
 from clbench.config import build_config
 from clbench.errors import ConfigError
 from clbench.suite_file import load_suite, parse_suite, shipped_suites
@@ -470,3 +471,17 @@ def test_type_hints_of_a_dataclass_are_its_fields_and_of_a_plain_class_its_init_
     assert type_hints(_ModelConfig) == {"model": str, "model_args": dict, "rate": float}
     assert type_hints(_PlainFactory) == {"width": int, "return": type(None)}
     assert type_hints(unresolved) == {}
+
+
+def test_with_scenario_paths_replaces_init_at_any_depth_and_nothing_else():
+    """Top-level ``init`` and ``model_args.init`` are replaced, other strings holding ``{scenario}`` and the input
+    config are not; a config without the placeholder comes back as the same object."""
+    base = config.build_config("naive", "cpu", {"init": "c/{scenario}.pt"})
+    out = config.with_scenario_paths(base, "split_mnist")
+    assert out.init == "c/split_mnist.pt" and base.init == "c/{scenario}.pt"
+    assert {k: v for k, v in vars(out).items() if k != "init"} == {k: v for k, v in vars(base).items() if k != "init"}
+    nested = {"init": None, "model_args": {"init": "{scenario}/b.pt", "name": "{scenario}"}}
+    assert config.with_scenario_paths(nested, "x") == {"init": None, "model_args": {"init": "x/b.pt",
+                                                                                    "name": "{scenario}"}}
+    plain = config.build_config("naive", "cpu", {})
+    assert config.with_scenario_paths(plain, "x") is plain

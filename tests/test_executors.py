@@ -10,8 +10,11 @@ import math
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +22,10 @@ import yaml
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
 import tests._scale_fakes  # noqa: F401  (registers test_hold_or_crash)
-from clbench import executors
+from clbench import api, executors
 from clbench.cli import main
 from clbench.executors import LocalExecutor, plan
+from clbench.models.checkpoint import save_weights
 from clbench.registry import SCENARIOS
 from clbench.runner import RunRecord, record_path
 from clbench.suite_file import parse_suite
@@ -29,6 +33,7 @@ from clbench.workers import WorkerLost, WorkerPool, start_method
 from tests._cli import run_suite
 from tests._scale_fakes import attempts
 
+ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = {"name": "synthetic", "args": {"train_per_class": 15, "test_per_class": 10}}
 
 
@@ -355,3 +360,106 @@ def test_a_checksum_mismatch_stops_the_suite_once(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "content md5" in err and SCENARIO_CALLS == [0]
     assert not list((tmp_path / "out").rglob("*.json"))
+
+
+DIGITS = {"suite": "s", "seeds": [0], "scenarios": [{"name": "split_digits"}],
+          "strategies": [{"name": "naive", "preset": "cpu"}]}
+
+
+# ------------------------------------------------------------------------------------------- driver killed
+def _driver(tmp_path, markers, seeds=(0, 1, 2, 3)):
+    """A suite of held runs started with --jobs 2 in a separate driver process."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({
+        "suite": "s", "seeds": list(seeds),
+        "scenarios": [{"name": "synthetic", "args": {"train_per_class": 5, "test_per_class": 5}}],
+        "strategies": [{"name": "test_hold_or_crash",
+                        "args": {"marker_dir": str(markers), "hold_seeds": [1, 2, 3]}}]}))
+    code = ("import sys, tests._scale_fakes; from clbench.cli import main; "
+            f"sys.exit(main(['--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, '--quiet', "
+            "'--quiet-table', '--device', 'cpu', '--jobs', '2']))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def test_overwriting_an_init_checkpoint_makes_resume_run_again(tmp_path, capsys):
+    scenario = api.scenario("split_digits")
+    strategy = api.strategy("naive", scenario.info, preset="cpu")
+    checkpoint = tmp_path / "w0.pt"
+    save_weights(strategy.model.feature_extractor, checkpoint)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu",
+                                                              "args": {"init": str(checkpoint), "epochs": 1}}]}))
+    out = tmp_path / "out"
+    assert run_suite(suite, out) == 0
+    first = json.loads((out / "runs/split_digits__naive__s0.json").read_text())
+    assert first["checkpoints"] == {"init": first["checkpoints"]["init"]} and len(first["checkpoints"]["init"]) == 16
+    with torch.no_grad():
+        for p in strategy.model.feature_extractor.parameters():
+            p.add_(0.5)
+    save_weights(strategy.model.feature_extractor, checkpoint)           # another pretraining, same path
+    capsys.readouterr()
+    assert run_suite(suite, out) == 0
+    assert "1 made with another configuration" in capsys.readouterr().err
+    second = json.loads((out / "runs/split_digits__naive__s0.json").read_text())
+    assert second["checkpoints"] != first["checkpoints"]
+    assert second["identity_hash"] != first["identity_hash"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_driver_leaves_no_worker_behind(tmp_path, how):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / "hold").write_text("")
+    driver = _driver(tmp_path, markers)
+    try:
+        deadline, workers = time.monotonic() + 240, set()
+        while len(workers) < 2 and time.monotonic() < deadline:          # both workers in a run
+            time.sleep(0.1)
+            workers = {int(text) for p in markers.glob("[0-9]*.*") if (text := p.read_text())}
+        assert len(workers) == 2 and driver.pid not in workers
+        time.sleep(0.5)
+        driver.send_signal(how)
+        _, err = driver.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in workers), "a worker outlived its driver"
+    finally:
+        (markers / "hold").unlink(missing_ok=True)
+        driver.kill()
+    if how == signal.SIGTERM:
+        lines = [line for line in err.strip().splitlines() if "suite s:" not in line]
+        assert driver.returncode == 143, err
+        assert len(lines) == 1 and "interrupted (SIGTERM)" in lines[0] and "rerun the same command" in lines[0], err
+        assert [p.name for p in (tmp_path / "out/runs").glob("*.json")] == ["synthetic__test_hold_or_crash__s0.json"]
+
+
+def test_sigterm_in_process_keeps_finished_records_and_says_how_to_resume(tiny_suite, tmp_path, capsys,
+                                                                           monkeypatch):
+    real_run, started = executors.run, []
+
+    def terminated_at_the_second_run(spec, out):
+        started.append(spec)
+        if len(started) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)       # the first run is recorded
+        return real_run(spec, out)
+
+    monkeypatch.setattr(executors, "run", terminated_at_the_second_run)
+    suite = tiny_suite([{"name": "test_increasing_logits"}], seeds=(0, 1))
+    before = signal.getsignal(signal.SIGTERM)       # SIG_DFL, or e.g. Ray's when a Ray test ran in this process
+    assert run_suite(suite, tmp_path / "out") == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("interrupted (SIGTERM): 1 finished records are kept") and len(err) == 2, err
+    assert len(list((tmp_path / "out/runs").glob("*.json"))) == 1
+    assert signal.getsignal(signal.SIGTERM) is before      # the suite's handler is taken back

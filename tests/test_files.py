@@ -3,6 +3,7 @@ holder and is taken over from a process that died."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -95,3 +96,25 @@ def test_the_lock_file_holds_the_holder_s_pid_and_name_while_held(tmp_path):
         """.replace("sys.argv[1]", repr(str(tmp_path))))
         assert f"in use by leaderboard (pid {os.getpid()})" in result.stdout, result
         assert time.monotonic() - started < 60            # refused at once, not waited for
+
+
+# ------------------------------------------------------------------------------------------------ disk full
+def _disk_full(*_, **__):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_writing_a_record_is_one_line_and_leaves_no_temporary_file(tiny_suite, tmp_path, capsys,
+                                                                                    monkeypatch):
+    real_write = Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if self.name.endswith(".tmp"):
+            real_write(self, "")                        # the file exists, empty, when the disk fills up
+            _disk_full()
+        return real_write(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out") == 2
+    one_error_line(capsys, "No space left on device", "free some space")
+    written = [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert not [n for n in written if n.endswith(".tmp")] and not list((tmp_path / "out/runs").iterdir()), written

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -396,3 +397,40 @@ def test_a_state_file_swapped_for_another_run_s_is_refused(tmp_path):
     (state / "strategy.pt").write_bytes(b"another run's")
     with pytest.raises(record_files.ForeignState, match="files strategy.pt differ from what the run saved"):
         record_files.state_dir(path, as_read)
+
+
+# ---------------------------------------------------------------------------------------------- counted twice
+def test_a_copied_record_counts_once_whatever_its_file_name_and_is_reported_by_path(tiny_suite, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_suite(tiny_suite([{"name": "test_increasing_logits", "args": {"extra": 2.0}}], seeds=(0, 1)), out) == 0
+    runs = out / "runs"
+    original = runs / "synthetic__test_increasing_logits__s0.json"
+    shutil.copy(original, runs / "synthetic__test_increasing_logits__s0 (copy).json")
+    shutil.copy(original, runs / "synthetic__test_increasing_logits__s5.json")          # holds seed 0
+    capsys.readouterr()
+    assert main(["leaderboard", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "s0 (copy).json" in err and "__s5.json" in err and str(original) in err
+    table = pd.read_csv(out / "leaderboard.csv")
+    assert list(table["n_seeds"]) == [2]
+    records, problems = record_files.load_dir(out)
+    assert sorted(r["seed"] for r in records) == [0, 1] and len(problems) == 2
+
+
+# ------------------------------------------------------------------------------------------------ saved state
+def test_records_store_paths_relative_to_their_results_folder(copied_results):
+    record = json.loads((copied_results / "archive/runs/synthetic__taft_shards__s0.json").read_text())
+    assert record["state_dir"] == "state/synthetic__taft_shards__s0"
+    assert str(copied_results) not in json.dumps(record)
+
+
+def test_a_record_with_an_absolute_state_dir_still_reads(copied_results):
+    """Records written before this change (absolute state_dir) load: leaderboards and resume read them."""
+    record = json.loads((copied_results / "archive/runs/synthetic__taft_shards__s0.json").read_text())
+    record["state_dir"] = "/tmp/quickref/state/x"
+    path = copied_results / "abs/runs/synthetic__taft_shards__s0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record))
+    assert record_files.read(path)["state_dir"] == "/tmp/quickref/state/x"
+    with pytest.raises(record_files.ForeignState, match="is missing"):
+        record_files.state_dir(path, record)

@@ -3,11 +3,16 @@
 import json
 
 import pytest
+import torch
+import yaml
 
 import tests._fakes  # noqa: F401
+from clbench import api, config
 from clbench.executors import LocalExecutor, is_done
+from clbench.models.checkpoint import save_weights
 from clbench.runner import record_path
 from clbench.suite_file import parse_suite
+from tests._cli import run_suite
 
 SCENARIO = {"name": "synthetic", "args": {"train_per_class": 15, "test_per_class": 10}}
 
@@ -61,3 +66,41 @@ def test_changed_configuration_or_failed_run_is_run_again(tmp_path):
     path.write_text(json.dumps(data))
     assert not is_done(spec, tmp_path)
     assert len(LocalExecutor().run_all([spec], tmp_path)) == 1
+
+
+DIGITS = {"suite": "s", "seeds": [0], "scenarios": [{"name": "split_digits"}],
+          "strategies": [{"name": "naive", "preset": "cpu"}]}
+
+
+def test_scenario_in_init_names_the_scenario_file_for_every_strategy(tmp_path):
+    """``{scenario}`` in ``init`` is replaced by the scenario's name for any strategy (here naive; it was done by the
+    PETL strategies alone, so every other one failed at run time on the literal path): the run finishes and its
+    record hashes the file of that scenario, while the identity keeps the written path. Catches a substitution
+    that is lost, or done in the identity but not in what the strategy reads."""
+    scenario = api.scenario("split_digits")
+    strategy = api.strategy("naive", scenario.info, preset="cpu")
+    save_weights(strategy.model.feature_extractor, tmp_path / "w_split_digits.pt")
+    suite = tmp_path / "s.yaml"
+    written = str(tmp_path / "w_{scenario}.pt")
+    suite.write_text(yaml.safe_dump({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu",
+                                                              "args": {"init": written, "epochs": 1}}]}))
+    assert run_suite(suite, tmp_path / "out") == 0
+    record = json.loads((tmp_path / "out/runs/split_digits__naive__s0.json").read_text())
+    assert record["status"] == "finished"
+    assert record["checkpoints"] == {"init": config.file_hash(tmp_path / "w_split_digits.pt")}
+    assert record["strategy_config"]["init"] == written
+
+
+def test_build_strategy_replaces_scenario_in_init_as_the_run_does(tmp_path):
+    """``forget`` rebuilds a run's strategy with ``build_strategy(spec, info, device)`` (no config): the path it reads
+    has ``{scenario}`` replaced as in the run, so the backbone holds the scenario's checkpoint."""
+    from clbench.runner import build_scenario, build_strategy
+
+    scenario = api.scenario("split_digits")
+    saved = api.strategy("naive", scenario.info, preset="cpu")
+    save_weights(saved.model.feature_extractor, tmp_path / "w_split_digits.pt")
+    spec = parse_suite({**DIGITS, "strategies": [{"name": "naive", "preset": "cpu", "args": {
+        "init": str(tmp_path / "w_{scenario}.pt")}}]}, source="test").run_specs("cpu")[0]
+    built = build_strategy(spec, build_scenario(spec).info, torch.device("cpu"))
+    for a, b in zip(built.model.feature_extractor.parameters(), saved.model.feature_extractor.parameters()):
+        assert torch.equal(a, b)

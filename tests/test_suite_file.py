@@ -2,6 +2,8 @@
 file, the entry and the key, before any run."""
 from __future__ import annotations
 
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -108,3 +110,73 @@ def test_the_missing_opacus_hint_names_an_extra_that_exists():
     for module in ("clbench/suite_file.py", "clbench/privacy/accountant.py"):
         hinted = {part.split("]")[0] for part in (ROOT / module).read_text().split("clbench[")[1:]}
         assert hinted <= set(extras), (module, hinted)
+
+
+DIGITS = {"suite": "s", "seeds": [0], "scenarios": [{"name": "split_digits"}],
+          "strategies": [{"name": "naive", "preset": "cpu"}]}
+
+
+# ---------------------------------------------------------------------------------------------- suite files
+def test_a_binary_suite_file_is_one_line(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_bytes(bytes(range(256)) * 4)
+    assert run_suite(path, tmp_path / "out") == 2
+    one_error_line(capsys, str(path), "not a text file")
+
+
+def test_a_yaml_anchor_bomb_is_refused_quickly_in_one_short_line(tmp_path, capsys):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, "
+              f"*a{i - 1}, *a{i - 1}]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\nsuite: s\nseeds: *a8\nscenarios: *a8\nstrategies: *a8\n")
+    assert len(path.read_bytes()) < 2000
+    start = time.monotonic()
+    assert run_suite(path, tmp_path / "out") == 2
+    assert time.monotonic() - start < 5
+    one_error_line(capsys, "bomb.yaml", "anchors")
+
+
+def test_a_huge_value_is_cut_in_the_error_message():
+    data = yaml.safe_load(yaml.safe_dump(DIGITS))
+    data["strategies"][0]["args"] = {"lr": "x" * 100_000}
+    with pytest.raises(ConfigError, match=r"args\.lr: expected a float") as info:
+        parse_suite(data, "s.yaml")
+    assert len(str(info.value)) < 400
+
+
+def test_an_oversized_suite_file_is_refused(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("suite: s\ndescription: " + "x" * 2_000_000 + "\n")
+    with pytest.raises(ConfigError, match="at most 1,000,000 bytes"):
+        load_suite(path)
+
+
+# ------------------------------------------------------------------------------------------- checked at load
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["scenarios"][0].update(args={"n_experiences": 11}), "scenarios[0] (split_digits): args: 10 classes"),
+    (lambda d: d.update(seeds=[2**32]), "from 0 to 2**32 - 1"),
+    (lambda d: d.update(seeds=[0, 0]), "seed 0 appears twice"),
+    (lambda d: d["strategies"][0].update(name="lora", args={"mem_size": 50}, dp={"epsilon": 3.0}),
+     "dp with a rehearsal memory (mem_size 50)"),
+    # found by tests/test_fields.py: settings another setting makes unused (Adam has no momentum, cross-entropy no
+    # alpha/kappa), which used to be accepted and change nothing
+    (lambda d: d["strategies"][0].update(args={"momentum": 0.5}),
+     "args.momentum is used only with optimizer: sgd (this entry's optimizer is 'adam')"),
+    (lambda d: d["strategies"][0].update(name="nlft", args={"kappa": 5.0}),
+     "args.kappa is used only with loss: mse (this entry's loss is 'ce')"),
+])
+def test_what_a_run_would_refuse_is_refused_when_the_suite_loads(mutate, message):
+    data = yaml.safe_load(yaml.safe_dump(DIGITS))
+    mutate(data)
+    with pytest.raises(ConfigError) as info:
+        parse_suite(data, "s.yaml")
+    assert str(info.value).startswith("s.yaml: ") and message in str(info.value), str(info.value)
+
+
+def test_dp_without_opacus_is_refused_when_the_suite_loads(monkeypatch):
+    monkeypatch.setitem(sys.modules, "opacus", None)
+    data = yaml.safe_load(yaml.safe_dump(DIGITS))
+    data["strategies"][0]["dp"] = {"epsilon": 3.0}
+    with pytest.raises(ConfigError, match=r"strategies\[0\] \(naive\): dp needs opacus .* pip install"):
+        parse_suite(data, "s.yaml")
