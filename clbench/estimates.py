@@ -7,9 +7,9 @@ out (a few percent at these epoch counts), and so is private training's per-samp
 the sum over its runs.
 
 :data:`THROUGHPUT` holds figures DERIVED, not measured: no GPU was lent when they were written. Each is the network's
-training FLOPs per image (forward + backward = 3 x the forward FLOPs, 2 per multiply-add, counted on CPU
-with ``torch.utils.flop_counter.FlopCounterMode`` on the suites' own networks; SeqRec's by hand) divided by an
-H200's dense bf16 throughput at an assumed 25% utilization
+training FLOPs per item (forward and backward of one training step, 2 per multiply-add), COUNTED on CPU with
+``torch.utils.flop_counter.FlopCounterMode`` on the suites' own networks at their real shapes (DER's per step, with
+the step's frozen backbones: forward only), divided by an H200's dense bf16 throughput at an assumed 25% utilization
 (:data:`H200_BF16_FLOPS`, :data:`UTILIZATION`), capped by the data path (:data:`DATA_PATH_CAP`: per-sample
 augmentation in the main process). ``benchmarks/gpu_check.sh`` measures them when a device is lent
 (``benchmarks/loop_throughput.py --device cuda``); docs/gpu_check.md says which figures are in use.
@@ -23,30 +23,49 @@ H200_BF16_FLOPS = 989e12
 """An H200's dense bf16 tensor throughput (FLOP/s)."""
 UTILIZATION = 0.25
 """Assumed fraction of it that small-image training reaches (kernel launches, small batches, fp32 parts)."""
-DATA_PATH_CAP = 6_000.0
-"""Images per second the per-sample crop+flip path feeds on one core (measured on the 2-core VM: ~6,000)."""
+DATA_PATH_CAP = 15_000.0
+"""Images per second the per-sample crop+flip path (:class:`clbench.augment.CropFlip`) feeds on one core: torchvision
+v2's ~6,000 on the 2-core VM times the 2.5x ``benchmarks/augment_throughput.py`` measured in one process (loaded)."""
 
 
 @dataclass(frozen=True)
 class Network:
-    """A network's forward GFLOPs per training item (counted on CPU) and the items per second derived from it."""
+    """A network's training GFLOPs per item (one forward and backward, counted on CPU) and the items per second
+    derived from it."""
 
-    forward_gflops: float
+    train_gflops: float
     data_bound: bool = True            # images through the per-sample augmentation path
 
     @property
     def items_per_s(self) -> float:
-        compute = H200_BF16_FLOPS * UTILIZATION / (3 * self.forward_gflops * 1e9)
+        compute = H200_BF16_FLOPS * UTILIZATION / (self.train_gflops * 1e9)
         return min(compute, DATA_PATH_CAP) if self.data_bound else compute
 
 
+RESNET18_W64_FORWARD = 1.111
+"""GFLOPs of one CIFAR ResNet-18 width 64 forward per 32 x 32 image (counted)."""
+
+
+def _der_train_gflops(steps: int = 10, epochs: int = 170, first_epochs: int = 200, retrain_epochs: int = 30,
+                      images: int = 50_000, memory: int = 2000) -> float:
+    """DER's training GFLOPs per item pass, averaged over der_full's passes. Counted on the real DERNet: step ``t``
+    (1-based) costs ``(t + 2) F`` an item (``t`` backbone forwards, the new one's backward ``2F``; F the ResNet-18's
+    forward) and its classifier re-training ``t F`` (forward only)."""
+    f, per_step = RESNET18_W64_FORWARD, images / steps
+    work = passes = first_epochs * per_step
+    work *= 3 * f
+    for t in range(2, steps + 1):
+        work += epochs * (per_step + memory) * (t + 2) * f + retrain_epochs * memory * t * f
+        passes += epochs * (per_step + memory) + retrain_epochs * memory
+    return work / passes
+
+
 THROUGHPUT: dict[str, Network] = {
-    "resnet32": Network(0.138),                  # CIFAR ResNet-32, 32 x 32 (0.47M parameters)
-    # DER's network: one CIFAR ResNet-18 width 64 (1.111 GFLOP, 11.2M) per task, 5.5 of them on average over 10 steps
-    "der": Network(1.111 * 5.5),
-    "dytox": Network(1.208),                     # DyTox CIFAR model: dim 384, 5 SABs + TAB, one task (10.7M)
-    # SeqRec d 64, 2 blocks, length 50: ~10 MFLOP for the blocks + 23,715 x 64 x 2 per scored position, ~9 a user
-    "seqrec": Network(0.037, data_bound=False),
+    "resnet32": Network(0.414),                  # CIFAR ResNet-32, 32 x 32 (0.47M parameters)
+    "der": Network(_der_train_gflops()),         # one CIFAR ResNet-18 width 64 (11.2M) per task
+    "dytox": Network(3.62),                      # DyTox CIFAR model: dim 384, 5 SABs + TAB, one task (10.7M)
+    # SeqRec d 64, 2 blocks, length 50, 23,715 items, the packed loss at a user's 9 real positions (the mean user)
+    "seqrec": Network(0.108, data_bound=False),
 }
 """Network name -> derived throughput (module docstring)."""
 
