@@ -126,3 +126,10 @@ def test_a_closed_output_pipe_ends_quietly(argv):
     proc.stdout.close()                     # `| head -0`: the reader is gone before anything is written
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+def test_top_level_help_says_where_the_suite_flags_are(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"], prog="clbench")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "`clbench --suite quick` is `clbench run --suite quick`" in text and "`clbench run --help`" in text

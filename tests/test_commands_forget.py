@@ -11,6 +11,7 @@ import yaml
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import records as record_files
+from clbench import tasks
 from clbench.cli import main
 from clbench.files import locked_folder
 from tests._cli import one_error_line, run_suite
@@ -144,3 +145,28 @@ def test_forget_refuses_a_state_whose_strategy_file_was_swapped_for_another_run_
     assert main(["forget", "--run", str(swapped / "runs/synthetic__taft_shards__s0.json"), "--touch", "1"]) == 2
     one_error_line(capsys, "strategy.pt differ from what the run saved", "--force")
     assert not (swapped / "removals").exists()
+
+
+def test_forget_command_records_subtraction_and_retraining(tiny_suite, tmp_path, monkeypatch):
+    pools = []       # --shard-workers reaches the task pool of both commands (kept in-process: no spawn here)
+    monkeypatch.setattr(tasks, "make_pool", lambda kind, workers: pools.append((kind, workers)) or
+                        tasks.SequentialPool())
+    suite = tiny_suite([{"name": "taft_shards", "preset": "cpu",
+                         "args": {"n_shards": 3, "epochs": 1, "model_args": TINY_VIT}}])
+    out = tmp_path / "out"
+    assert main(["--suite", str(suite), "--out", str(out), "--quiet", "--quiet-table", "--shard-workers", "2"]) == 0
+    run = out / "runs" / "synthetic__taft_shards__s0.json"
+    assert json.loads(run.read_text())["state_dir"]
+    assert main(["forget", "--run", str(run), "--touch", "1", "--per-shard", "2",
+                 "--mode", "subtract", "retrain", "--shard-workers", "3"]) == 0
+    assert pools == [("process", 2), ("process", 3)]
+    removals = {p.name: json.loads(p.read_text()) for p in (out / "removals").glob("*.json")}
+    subtract = removals["synthetic__taft_shards__s0__subtract__touch1.json"]
+    retrain = removals["synthetic__taft_shards__s0__retrain__touch1.json"]
+    for row in (subtract, retrain):
+        assert len(row["ids"]) == 2 and row["hash_before"] != row["hash_after"]
+        assert 0.0 <= row["accuracy_after"] <= 100.0
+    # the two ids come from one shard; subtraction drops that whole shard, retraining only the ids
+    assert len(subtract["shards_touched"]) == len(retrain["shards_touched"]) >= 1
+    assert subtract["samples_dropped"] > retrain["samples_dropped"] == 2
+    assert "touch1" in (out / "removals.md").read_text()

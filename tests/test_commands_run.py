@@ -112,3 +112,19 @@ def test_seeds_given_on_the_command_line_are_checked_too(tmp_path, capsys):
     one_error_line(capsys, "seed 3 appears twice")
     assert run_suite(suite, tmp_path / "out", "--seeds", str(2**32)) == 2
     one_error_line(capsys, "2**32")
+
+
+def test_a_suite_refused_before_its_first_run_leaves_no_output_folder(tmp_path, capsys):
+    """A checkpoint that does not exist is refused after the output folder was checked: nothing is created."""
+    out = tmp_path / "deep" / "out"
+    assert main(["--suite", "quick", "--strategy", "taft", "--init", str(tmp_path / "nope.pt"), "--out", str(out),
+                 "--quiet"]) == 2
+    assert "checkpoint file(s) not found" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_output_folder_is_still_refused_before_the_first_run(tmp_path, capsys):
+    """Nothing is created, yet ``--out`` under a file (not a folder) is refused by the probe of the nearest folder."""
+    (tmp_path / "file").write_text("")
+    assert main(["--suite", "quick", "--strategy", "naive", "--out", str(tmp_path / "file" / "out"), "--quiet"]) == 2
+    assert "cannot be written to" in capsys.readouterr().err

@@ -2,9 +2,13 @@
 
 import json
 import math
+import os
 
+import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import adequacy, leaderboard
@@ -474,3 +478,80 @@ def test_leaderboard_never_averages_records_of_different_configurations(tiny_sui
     table = pd.read_csv(out / "leaderboard.csv")
     assert set(table["strategy"]) == {"replay [mem_size=20]", "replay [mem_size=100]"}
     assert (table["n_seeds"] == 1).all()
+
+
+# 60 examples per test; `make mutation` runs each mutant's tests with fewer (tests/mutation_report.py)
+PROFILE = settings(max_examples=int(os.environ.get("CLBENCH_HYPOTHESIS_EXAMPLES", "60")), deadline=None,
+                   derandomize=True)
+
+
+# ---------------------------------------------------------------------------------------------------- leaderboard
+SCORES = ("avg_inc_acc", "last_acc", "forgetting", "bwt")
+
+
+COSTS = ("params_M", "params_added_M", "trainable_params_M", "train_s", "eval_s", "peak_mem_MB")
+
+
+def _drawn_record(strategy: str, mem: int, seed: int, values: dict, status: str = "finished") -> dict:
+    return {"run_id": f"syn__{strategy}__s{seed}", "seed": seed, "status": status, "code_fingerprint": "f" * 16,
+            "spec": {"suite": "p", "scenario": {"name": "synthetic", "label": "", "args": {}},
+                     "strategy": {"name": strategy, "label": "", "preset": "cpu", "args": {"mem_size": mem}}},
+            "strategy_config": {"mem_size": mem}, "env": {"machine": "m"},
+            "metrics": values if status == "finished" else {}}
+
+
+@st.composite
+def run_sets(draw):
+    """Records of 1-4 configurations (strategy x mem_size), 1-4 seeds each, some failed, in random order."""
+    configs = draw(st.lists(st.tuples(st.sampled_from(["naive", "replay", "ewc"]), st.sampled_from([10, 20])),
+                            min_size=1, max_size=4, unique=True))
+    value = st.floats(0, 100, allow_nan=False)
+    records = []
+    for strategy, mem in configs:
+        for seed in range(draw(st.integers(1, 4))):
+            status = draw(st.sampled_from(["finished", "finished", "failed"]))
+            values = {m: draw(value) for m in (*SCORES, *COSTS)}
+            records.append(_drawn_record(strategy, mem, seed, values, status))
+    return draw(st.permutations(records))
+
+
+@PROFILE
+@given(run_sets())
+def test_leaderboard_mean_and_std_are_numpys_over_the_finished_seeds_one_row_per_configuration(records):
+    """One row per distinct configuration (strategy, resolved config); its mean is numpy's mean and its ``_std``
+    numpy's sample std (ddof=1) over the finished records of that configuration (NaN for 0 or 1 of them); n_seeds
+    and n_failed count them; costs have means and no std."""
+    table = leaderboard.build(records)
+    configs = {(r["spec"]["strategy"]["name"], r["strategy_config"]["mem_size"]) for r in records}
+    assert len(table) == len(configs)
+    multi = {name for name in {c[0] for c in configs} if sum(c[0] == name for c in configs) > 1}
+    for (name, mem) in configs:
+        label = f"{name} [mem_size={mem}]" if name in multi else name
+        row = table[table["strategy"] == label]
+        assert len(row) == 1, label
+        row = row.iloc[0]
+        mine = [r for r in records if (r["spec"]["strategy"]["name"], r["strategy_config"]["mem_size"]) == (name, mem)]
+        ok = [r for r in mine if r["status"] == "finished"]
+        assert row["n_seeds"] == len(ok) and row["n_failed"] == len(mine) - len(ok)
+        for m in (*SCORES, *COSTS):
+            values = np.array([r["metrics"][m] for r in ok])
+            expected = values.mean() if len(values) else np.nan
+            assert row[m] == pytest.approx(expected, rel=1e-12, abs=1e-12, nan_ok=True), m
+            if m in SCORES:
+                std = values.std(ddof=1) if len(values) > 1 else np.nan
+                assert row[f"{m}_std"] == pytest.approx(std, rel=1e-9, abs=1e-9, nan_ok=True), m
+            else:
+                assert f"{m}_std" not in table.columns
+
+
+@PROFILE
+@given(run_sets(), st.randoms(use_true_random=False))
+def test_leaderboard_is_sorted_best_first_and_independent_of_record_order(records, rnd):
+    """Rows are sorted by avg_inc_acc, best first (rows without one last), ties by label; shuffling the records
+    gives the same table."""
+    table = leaderboard.build(records)
+    keys = [(np.inf if pd.isna(a) else -a, s) for a, s in zip(table["avg_inc_acc"], table["strategy"])]
+    assert keys == sorted(keys)
+    shuffled = list(records)
+    rnd.shuffle(shuffled)
+    pd.testing.assert_frame_equal(leaderboard.build(shuffled), table)

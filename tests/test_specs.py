@@ -20,6 +20,7 @@ import tests._fakes  # noqa: F401  (registers the fake strategies)
 from clbench import config, runner, suite_file
 from clbench.errors import ConfigError
 from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry, SuiteSpec
+from clbench.suite_file import load_suite
 
 SUITES = sorted(suite_file.shipped_suites())
 
@@ -297,3 +298,22 @@ def test_a_dp_block_with_an_unknown_key_names_the_dp_entry():
         suite_file.parse_suite(_dp_suite(dp={"epsilom": 1.0}), "dp.yaml")
     assert str(info.value).startswith("dp.yaml: strategies[0] (naive).dp[0].args (callback 'dp'): unknown key "
                                       "'epsilom'. Did you mean 'epsilon'?"), str(info.value)
+
+
+def _keys(suite: SuiteSpec) -> list[str]:
+    return [e.key for e in suite.strategies]
+
+
+def test_strategy_filter_picks_a_row_by_its_exact_label_or_name():
+    """In the quick suite ``naive`` is a row and ``naive_dp_eps8`` another row of strategy naive: each word picks its
+    own row only. A name no row is labelled with picks every row of it; an unknown word is refused."""
+    quick = load_suite("quick")
+    assert _keys(quick.select(strategies=["naive"])) == ["naive"]
+    assert _keys(quick.select(strategies=["naive_dp_eps8"])) == ["naive_dp_eps8"]
+    assert _keys(quick.select(strategies=["naive", "naive_dp_eps8"])) == ["naive", "naive_dp_eps8"]
+    labelled = SuiteSpec("s", (ScenarioEntry("synthetic"),), (StrategyEntry("replay", label="replay_m50"),
+                                                              StrategyEntry("replay", label="replay_m200"),
+                                                              StrategyEntry("naive")))
+    assert _keys(labelled.select(strategies=["replay"])) == ["replay_m50", "replay_m200"]
+    with pytest.raises(ConfigError, match="has no strategy 'replya'. Did you mean 'replay'"):
+        labelled.select(strategies=["replya"])
