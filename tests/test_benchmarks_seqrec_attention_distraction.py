@@ -69,7 +69,7 @@ def test_bucket_masses_and_key_shares_by_hand(script, monkeypatch):
 def test_runs_mode_rebuilds_the_suites_model_from_its_record_and_snapshot(script, tmp_path):
     from clbench.executors import LocalExecutor
     from clbench.suite_file import parse_suite
-    from tests.test_seqrec import cycles
+    from tests.test_strategies_seqrec import cycles
 
     entry = {"name": "seqrec", "args": {"dim": 16, "epochs": 3, "batch_size": 16, "heads": 2},
              "callbacks": ["model_snapshot"]}

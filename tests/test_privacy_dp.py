@@ -226,7 +226,7 @@ def test_private_seqrec_composes_epsilon_over_the_periods_of_a_stream():
     samples, so the run's ε is the composition of the 3 calls (within the budget, and above the largest single
     call's ε, which the per-call rule would have reported)."""
     from clbench.callbacks import CallbackSpec
-    from tests.test_seqrec import cycles
+    from tests.test_strategies_seqrec import cycles
 
     scenario = cycles(n_experiences=3, users=24, length=18)
     config = STRATEGIES.get("seqrec").Config(dim=8, epochs=1, batch_size=8)

@@ -362,7 +362,7 @@ def test_the_dp_callback_gives_seqrec_its_calls_noise_and_keeps_the_frequencies(
     from clbench.privacy import PrivateTraining
     from clbench.registry import STRATEGIES
     from clbench.strategies.seqrec import item_frequency
-    from tests.test_seqrec import cycles
+    from tests.test_strategies_seqrec import cycles
 
     scenario = cycles(users=24)
     config = STRATEGIES.get("seqrec").Config(dim=8, epochs=2, batch_size=8, attention="reattention")
