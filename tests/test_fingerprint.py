@@ -1,18 +1,29 @@
 """The code fingerprint's per-file cache (clbench/fingerprint.py): a file is parsed once across processes while it
-is unchanged, and again after any write to it."""
+is unchanged, and again after any write to it; the modules a run depends on, found by reading import statements,
+and the hash over their code; which files count as installed code, the source trees of the shipped packages and the
+refusal of two, and the modules a plugin package's fingerprint follows.
+
+The tests of imports build a small fake ``clbench`` package in a temporary folder (``_PACKAGE_DIR`` pointed at
+it), so that every kind of import (absolute, ``from package import module``, relative at one and two levels, from a
+package's ``__init__``, of a name that is not a module) has one known answer, computed by hand below."""
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import fingerprint
+from clbench.errors import ConfigError
 from clbench.registry import SCENARIOS
 from tests._cli import run_suite
 
@@ -150,3 +161,211 @@ def test_code_from_two_source_trees_is_refused_in_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"clbench from {checkout}" in lines[0] and f"clbench.strategies from {ROOT}" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+# -------------------------------------------------------------------------------------------------- fingerprint
+FAKE = {
+    "__init__.py": '"""The fake package."""\n',
+    "a.py": "import os\nimport clbench.c\nfrom clbench import b\nfrom clbench import CONSTANT\n",
+    "b.py": "from . import d\nfrom .sub import e\n",
+    "c.py": "X = 1\n",
+    "d.py": "def f(x):\n    return x + 1\n",
+    "cli.py": "import clbench.c\n",
+    "uses_cli.py": "import clbench.cli\nimport clbench.d\n",
+    "sub/__init__.py": "from . import e\nfrom .. import c\n",
+    "sub/e.py": "from . import f\nfrom ..d import f as g\nfrom .. import d\n",
+    "sub/f.py": "import json\n",
+}
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> Path:
+    """A fake ``clbench`` package under ``tmp_path`` that the fingerprint reads instead of the real one (``cli`` is
+    in EXCLUDED, as in the real package)."""
+    root = tmp_path / "clbench"
+    for name, source in FAKE.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(source)
+    monkeypatch.setattr(fingerprint, "_PACKAGE_DIR", root)
+    return root
+
+
+def test_source_file_maps_package_modules_to_their_file_or_package_init(fake):
+    """``clbench`` is the package's ``__init__``, ``clbench.x.y`` is ``x/y.py`` or ``x/y/__init__.py``, a name
+    with no file is None (a wrong split of the dotted name, or a lookup outside the package, is caught)."""
+    assert fingerprint._source_file("clbench") == fake / "__init__.py"
+    assert fingerprint._source_file("clbench.a") == fake / "a.py"
+    assert fingerprint._source_file("clbench.sub") == fake / "sub" / "__init__.py"
+    assert fingerprint._source_file("clbench.sub.e") == fake / "sub" / "e.py"
+    assert fingerprint._source_file("clbench.nope") is None
+    assert fingerprint._source_file("clbench.sub.nope") is None
+
+
+def test_source_file_follows_the_package_dir_mapping():
+    """``clbench.strategies`` and ``clbench.scenarios`` live in the repository's top-level folders (setup.py maps
+    them): the fingerprint reads their modules there."""
+    repo = Path(fingerprint.__file__).parents[1]
+    assert fingerprint._source_file("clbench.strategies.baselines") == repo / "strategies" / "baselines.py"
+    assert fingerprint._source_file("clbench.scenarios") == repo / "scenarios" / "__init__.py"
+    assert "clbench.strategies.baselines" in fingerprint.module_files(["clbench.strategies.baselines"])
+
+
+def test_source_file_of_modules_outside_the_package(fake, tmp_path, monkeypatch):
+    """Outside the package: an imported module by its ``__file__`` (even one no finder knows), a module not yet
+    imported by its spec's origin, and None for a missing module, a built-in one and a compiled extension."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "fp_not_imported.py").write_text("Y = 2\n")
+    monkeypatch.syspath_prepend(str(outside))
+    assert fingerprint._source_file("fp_not_imported") == outside / "fp_not_imported.py"
+    virtual = types.ModuleType("fp_virtual")              # in sys.modules only: find_spec cannot find it
+    virtual.__file__ = str(outside / "virtual.py")
+    monkeypatch.setitem(sys.modules, "fp_virtual", virtual)
+    assert fingerprint._source_file("fp_virtual") == outside / "virtual.py"
+    compiled = types.ModuleType("fp_compiled")
+    compiled.__file__ = str(outside / "compiled.so")
+    monkeypatch.setitem(sys.modules, "fp_compiled", compiled)
+    assert fingerprint._source_file("fp_compiled") is None
+    assert fingerprint._source_file("fp_no_such_module_anywhere") is None
+    assert fingerprint._source_file("sys") is None                   # built in: no __file__
+
+
+def test_imports_resolve_absolute_relative_and_package_imports(fake):
+    """Every import statement of a file, as module names: ``import x`` as written; ``from clbench import b`` as
+    ``clbench.b`` when b is a module, else ``clbench``; ``from clbench.d import f`` as ``clbench.d``; relative
+    imports against the file's package (its own name for an ``__init__``), one and two levels up; imports from
+    outside the package (``from os import path``) are left out."""
+    def imports(name):
+        return fingerprint._imports(name, fingerprint._source_file(name))
+
+    assert imports("clbench.a") == ["os", "clbench.c", "clbench.b", "clbench"]
+    assert imports("clbench.b") == ["clbench.d", "clbench.sub.e"]
+    assert imports("clbench.sub") == ["clbench.sub.e", "clbench.c"]
+    assert imports("clbench.sub.e") == ["clbench.sub.f", "clbench.d", "clbench.d"]
+    assert imports("clbench.d") == []
+
+
+def test_imports_of_a_module_outside_the_package_keep_only_what_it_imports(tmp_path, fake):
+    """A module outside ``clbench`` (a plugin strategy) yields its ``import`` names and its ``from clbench...``
+    modules, not its ``from os import path``."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from os import path\nimport numpy\nfrom clbench.sub import e\nfrom clbench.d import f\n")
+    assert fingerprint._imports("probe", probe) == ["numpy", "clbench.sub.e", "clbench.d"]
+
+
+def test_module_files_is_the_import_closure_inside_the_package_minus_excluded(fake):
+    """The closure of ``clbench.a`` follows absolute, relative and ``__init__`` imports, keeps the package's
+    ``__init__`` (``from clbench import CONSTANT``) and no module outside the package (``os``, ``json``)."""
+    expected = {"clbench.a": "a.py", "clbench.b": "b.py", "clbench.c": "c.py", "clbench.d": "d.py",
+                "clbench": "__init__.py", "clbench.sub.e": "sub/e.py", "clbench.sub.f": "sub/f.py"}
+    assert fingerprint.module_files(["clbench.a"]) == {k: fake / v for k, v in expected.items()}
+    assert fingerprint.module_files(["clbench.sub"]) == {
+        "clbench.sub": fake / "sub" / "__init__.py", "clbench.c": fake / "c.py", "clbench.d": fake / "d.py",
+        "clbench.sub.e": fake / "sub" / "e.py", "clbench.sub.f": fake / "sub" / "f.py"}
+
+
+def test_module_files_skips_excluded_missing_and_repeated_roots_and_goes_on(fake):
+    """An excluded module (cli), a name without a file and a module seen before are skipped, and the roots after
+    them are still followed (a skip that stopped the walk would drop them)."""
+    assert fingerprint.module_files(["clbench.uses_cli"]) == {"clbench.uses_cli": fake / "uses_cli.py",
+                                                              "clbench.d": fake / "d.py"}
+    assert fingerprint.module_files(["clbench.c", "clbench.cli"]) == {"clbench.c": fake / "c.py"}
+    assert fingerprint.module_files(["clbench.c", "clbench.nope"]) == {"clbench.c": fake / "c.py"}
+    assert fingerprint.module_files(["clbench.c", "clbench.d", "clbench.d"]) == {"clbench.c": fake / "c.py",
+                                                                                "clbench.d": fake / "d.py"}
+    assert fingerprint.module_files([]) == {}
+
+
+def test_fingerprint_of_is_sixteen_hex_digits_over_sorted_name_and_code_digest_lines(fake):
+    """The fingerprint is sha256 over ``name:sha256(ast without docstrings)`` lines joined by a newline, sorted by
+    module name, cut to 16 hex digits; computed here by hand for two modules."""
+    def digest(source: str) -> str:
+        import ast
+
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Module) and node.body and isinstance(node.body[0], ast.Expr):
+                node.body = node.body[1:] or [ast.Pass()]
+        return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+    blob = "\n".join([f"clbench.c:{digest(FAKE['c.py'])}", f"clbench.d:{digest(FAKE['d.py'])}",
+                      f"clbench.uses_cli:{digest(FAKE['uses_cli.py'])}"])           # sorted by module name
+    expected = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    assert fingerprint.fingerprint_of(["clbench.uses_cli", "clbench.c"]) == expected
+    assert re.fullmatch(r"[0-9a-f]{16}", expected)
+    assert fingerprint.code_digest(fake / "__init__.py") == digest(FAKE["__init__.py"])
+
+
+def test_fingerprint_of_changes_with_code_and_not_with_a_docstring(fake):
+    """Editing a module's expression changes the fingerprint of a module importing it; editing its docstring
+    does not."""
+    before = fingerprint.fingerprint_of(["clbench.b"])
+    (fake / "d.py").write_text('"""Now with a docstring."""\n' + FAKE["d.py"])
+    assert fingerprint.fingerprint_of(["clbench.b"]) == before
+    (fake / "d.py").write_text(FAKE["d.py"].replace("x + 1", "x + 2"))
+    assert fingerprint.fingerprint_of(["clbench.b"]) != before
+
+
+# ------------------------------------------------------------------------------------------------ code fingerprint
+def test_installed_code_is_the_standard_library_and_any_site_or_dist_packages_folder(tmp_path):
+    """The standard library (under an installed root, its path without "site-packages") and any file below a
+    folder named site-packages or dist-packages count as installed; a project file does not."""
+    assert fingerprint.installed(Path(json.__file__))
+    assert fingerprint.installed(tmp_path / "env" / "site-packages" / "m.py")
+    assert fingerprint.installed(tmp_path / "usr" / "dist-packages" / "m.py")
+    assert not fingerprint.installed(tmp_path / "project" / "site" / "m.py")
+
+
+def test_source_trees_follow_each_packages_imported_folder(tmp_path, monkeypatch):
+    """Each shipped package's tree is the folder above where it is imported from (the checkout's root for
+    ``clbench`` and a package mapped below it or beside it); a package imported from another folder names that
+    tree, one without a ``__path__`` and one not imported fall back to the package's own folders, and two trees
+    are refused in one line naming each package's."""
+    root = Path(fingerprint.__file__).resolve().parents[1]
+    assert fingerprint.source_trees() == dict.fromkeys(fingerprint.SHIPPED, root)
+    fingerprint.check_one_tree()
+    (tmp_path / "other" / "strategies").mkdir(parents=True)
+    elsewhere = types.ModuleType("clbench.strategies")
+    elsewhere.__path__ = [str(tmp_path / "other" / "strategies")]
+    monkeypatch.setitem(sys.modules, "clbench.strategies", elsewhere)
+    monkeypatch.delitem(sys.modules, "clbench.scenarios", raising=False)
+    trees = fingerprint.source_trees()
+    assert trees == {"clbench": root, "clbench.strategies": (tmp_path / "other").resolve(), "clbench.scenarios": root}
+    with pytest.raises(ConfigError) as info:
+        fingerprint.check_one_tree()
+    assert str(info.value) == (
+        f"clbench's code comes from more than one source tree (clbench from {root}; clbench.strategies from "
+        f"{(tmp_path / 'other').resolve()}; clbench.scenarios from {root}): run from the tree that is installed, or "
+        f"install this one (pip install -e .).")
+    monkeypatch.setitem(sys.modules, "clbench.strategies", types.ModuleType("clbench.strategies"))   # no __path__
+    assert fingerprint.source_trees()["clbench.strategies"] == root
+
+
+def test_an_installed_plugin_package_is_followed_and_other_installed_code_is_not(tmp_path, monkeypatch):
+    """A plugin package installed in site-packages (``fpplug``): its modules imported from one another are
+    followed (``from fpplug.sub import b``, ``import fpplug.sub.c``), so are local helpers beside the project
+    (``fphelper``), not another installed package (``fpother``) nor the standard library."""
+    site = tmp_path / "site-packages"
+    (site / "fpplug" / "sub").mkdir(parents=True)
+    (site / "fpother").mkdir()
+    (tmp_path / "local").mkdir()
+    for path, text in ((site / "fpplug" / "__init__.py", ""), (site / "fpplug" / "sub" / "__init__.py", ""),
+                       (site / "fpplug" / "sub" / "a.py", "import json\nimport fpother\nimport fphelper\n"
+                                                          "import fpplug.sub.c\nfrom fpplug.sub import b\n"),
+                       (site / "fpplug" / "sub" / "b.py", "B = 1\n"), (site / "fpplug" / "sub" / "c.py", "C = 1\n"),
+                       (site / "fpother" / "__init__.py", ""), (tmp_path / "local" / "fphelper.py", "H = 1\n")):
+        path.write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path / "local"))
+    monkeypatch.syspath_prepend(str(site))
+    found = fingerprint.module_files(["fpplug.sub.a"])
+    assert set(found) == {"fpplug.sub.a", "fpplug.sub.b", "fpplug.sub.c", "fphelper"}
+    assert found["fphelper"] == tmp_path / "local" / "fphelper.py"
+
+
+def test_a_pinned_fingerprint_is_answered_as_pinned(monkeypatch):
+    """A worker process answers the fingerprints its driver took (``pin``) instead of computing them again, for
+    exactly the (strategy, scenario) pinned."""
+    monkeypatch.setattr(fingerprint, "_PINNED", {})
+    fingerprint.pin([("fp_strategy", "fp_scenario", "f" * 16), ("fp_other", "fp_scenario", "e" * 16)])
+    assert fingerprint.code_fingerprint("fp_strategy", "fp_scenario") == "f" * 16
+    assert fingerprint.code_fingerprint("fp_other", "fp_scenario") == "e" * 16

@@ -1,15 +1,15 @@
 """Records on disk and the code they name, unit by unit (no training): what makes two records the same run, which of
 two copies ``load_dir`` keeps and what it says of the other, a saved state's owner file and every refusal of
-:func:`clbench.records.state_dir` word for word; which files count as installed code, the source trees of the shipped
-packages and the refusal of two, and the modules a plugin package's fingerprint follows. Written for the identity
-group's mutants (``make mutation``)."""
+:func:`clbench.records.state_dir` word for word. Written for the identity
+group's mutants (``make mutation``).
+
+One record read and checked, every record of an output folder, corrupt files reported by path."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
-import sys
 import types
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 
 import tests._fakes  # noqa: F401 - registers test_increasing_logits
-from clbench import fingerprint
+from clbench import records
 from clbench import records as record_files
 from clbench.cli import main
-from clbench.errors import ConfigError
+from clbench.records import CorruptRecord
 from tests._cli import run_suite
 from tests._records import sealed
 
@@ -153,71 +153,6 @@ def test_an_artifact_is_returned_only_as_the_file_its_run_wrote_word_for_word(tm
     assert refusal() == f"{folder / 'model.pt'} is not the file its run wrote (changed since); {again}"
     (folder / "model.pt").unlink()
     assert refusal() == f"{folder / 'model.pt'} is not the file its run wrote (changed since); {again}"
-
-
-# ------------------------------------------------------------------------------------------------ code fingerprint
-def test_installed_code_is_the_standard_library_and_any_site_or_dist_packages_folder(tmp_path):
-    """The standard library (under an installed root, its path without "site-packages") and any file below a
-    folder named site-packages or dist-packages count as installed; a project file does not."""
-    assert fingerprint.installed(Path(json.__file__))
-    assert fingerprint.installed(tmp_path / "env" / "site-packages" / "m.py")
-    assert fingerprint.installed(tmp_path / "usr" / "dist-packages" / "m.py")
-    assert not fingerprint.installed(tmp_path / "project" / "site" / "m.py")
-
-
-def test_source_trees_follow_each_packages_imported_folder(tmp_path, monkeypatch):
-    """Each shipped package's tree is the folder above where it is imported from (the checkout's root for
-    ``clbench`` and a package mapped below it or beside it); a package imported from another folder names that
-    tree, one without a ``__path__`` and one not imported fall back to the package's own folders, and two trees
-    are refused in one line naming each package's."""
-    root = Path(fingerprint.__file__).resolve().parents[1]
-    assert fingerprint.source_trees() == dict.fromkeys(fingerprint.SHIPPED, root)
-    fingerprint.check_one_tree()
-    (tmp_path / "other" / "strategies").mkdir(parents=True)
-    elsewhere = types.ModuleType("clbench.strategies")
-    elsewhere.__path__ = [str(tmp_path / "other" / "strategies")]
-    monkeypatch.setitem(sys.modules, "clbench.strategies", elsewhere)
-    monkeypatch.delitem(sys.modules, "clbench.scenarios", raising=False)
-    trees = fingerprint.source_trees()
-    assert trees == {"clbench": root, "clbench.strategies": (tmp_path / "other").resolve(), "clbench.scenarios": root}
-    with pytest.raises(ConfigError) as info:
-        fingerprint.check_one_tree()
-    assert str(info.value) == (
-        f"clbench's code comes from more than one source tree (clbench from {root}; clbench.strategies from "
-        f"{(tmp_path / 'other').resolve()}; clbench.scenarios from {root}): run from the tree that is installed, or "
-        f"install this one (pip install -e .).")
-    monkeypatch.setitem(sys.modules, "clbench.strategies", types.ModuleType("clbench.strategies"))   # no __path__
-    assert fingerprint.source_trees()["clbench.strategies"] == root
-
-
-def test_an_installed_plugin_package_is_followed_and_other_installed_code_is_not(tmp_path, monkeypatch):
-    """A plugin package installed in site-packages (``fpplug``): its modules imported from one another are
-    followed (``from fpplug.sub import b``, ``import fpplug.sub.c``), so are local helpers beside the project
-    (``fphelper``), not another installed package (``fpother``) nor the standard library."""
-    site = tmp_path / "site-packages"
-    (site / "fpplug" / "sub").mkdir(parents=True)
-    (site / "fpother").mkdir()
-    (tmp_path / "local").mkdir()
-    for path, text in ((site / "fpplug" / "__init__.py", ""), (site / "fpplug" / "sub" / "__init__.py", ""),
-                       (site / "fpplug" / "sub" / "a.py", "import json\nimport fpother\nimport fphelper\n"
-                                                          "import fpplug.sub.c\nfrom fpplug.sub import b\n"),
-                       (site / "fpplug" / "sub" / "b.py", "B = 1\n"), (site / "fpplug" / "sub" / "c.py", "C = 1\n"),
-                       (site / "fpother" / "__init__.py", ""), (tmp_path / "local" / "fphelper.py", "H = 1\n")):
-        path.write_text(text)
-    monkeypatch.syspath_prepend(str(tmp_path / "local"))
-    monkeypatch.syspath_prepend(str(site))
-    found = fingerprint.module_files(["fpplug.sub.a"])
-    assert set(found) == {"fpplug.sub.a", "fpplug.sub.b", "fpplug.sub.c", "fphelper"}
-    assert found["fphelper"] == tmp_path / "local" / "fphelper.py"
-
-
-def test_a_pinned_fingerprint_is_answered_as_pinned(monkeypatch):
-    """A worker process answers the fingerprints its driver took (``pin``) instead of computing them again, for
-    exactly the (strategy, scenario) pinned."""
-    monkeypatch.setattr(fingerprint, "_PINNED", {})
-    fingerprint.pin([("fp_strategy", "fp_scenario", "f" * 16), ("fp_other", "fp_scenario", "e" * 16)])
-    assert fingerprint.code_fingerprint("fp_strategy", "fp_scenario") == "f" * 16
-    assert fingerprint.code_fingerprint("fp_other", "fp_scenario") == "e" * 16
 
 
 # ------------------------------------------------------------------------------------------- records checked on read
@@ -434,3 +369,126 @@ def test_a_record_with_an_absolute_state_dir_still_reads(copied_results):
     assert record_files.read(path)["state_dir"] == "/tmp/quickref/state/x"
     with pytest.raises(record_files.ForeignState, match="is missing"):
         record_files.state_dir(path, record)
+
+
+# ------------------------------------------------------------------------------------------------------ records
+def _minimal(**changes) -> dict:
+    """The smallest dict every reader of a record can use; ``changes`` replace or (with None) drop keys."""
+    data = {"run_id": "syn__naive__s0", "status": "finished", "seed": 0, "metrics": {"last_acc": 50.0},
+            "spec": {"suite": "s", "scenario": {"name": "synthetic"}, "strategy": {"name": "naive"}}}
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def _labelled(label: str, seed: int, status: str) -> dict:
+    """A sealed record (:func:`tests._records.sealed`) of run ``<label>__naive__s<seed>``."""
+    return sealed(_minimal(status=status, seed=seed, spec={"suite": "s", "scenario": {"name": "synthetic",
+                                                                                     "label": label},
+                                                          "strategy": {"name": "naive"}}))
+
+
+def _write(folder: Path, name: str, data) -> Path:
+    path = folder / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+LACKS = "its spec lacks suite, scenario or strategy"
+
+
+def test_a_corrupt_record_error_starts_with_its_path_and_keeps_it():
+    """The message is ``<path>: <reason>`` and ``.path`` is that path as a Path (a dropped path or reason, or a
+    path kept as None, is caught)."""
+    exc = CorruptRecord("runs/x.json", "broken")
+    assert str(exc) == "runs/x.json: broken" and exc.path == Path("runs/x.json") and isinstance(exc, ValueError)
+
+
+def test_a_valid_record_reads_back_as_the_dict_written(tmp_path):
+    """Every key the readers need, with the right type, passes (a check of a misspelled key, or a negated check,
+    would refuse every good record); finished and failed are both statuses; '.', '+', '-', '_' may be in a run id."""
+    for status, label in (("finished", "syn"), ("failed", "a.b+c-d_e")):
+        data = sealed(_minimal(status=status, spec={"suite": "s", "scenario": {"name": "synthetic", "label": label},
+                                                   "strategy": {"name": "naive"}}))
+        assert records.read(_write(tmp_path, "r.json", data)) == data
+        assert records.read(str(tmp_path / "r.json")) == data                 # a str path reads too
+
+
+@pytest.mark.parametrize("content, reason", [
+    ("[1, 2]", "a JSON list, not an object"),
+    ("null", "a JSON NoneType, not an object"),
+    (_minimal(run_id=None), "missing or mistyped run_id"),
+    (_minimal(status=None), "missing or mistyped status"),
+    (_minimal(spec=None), "missing or mistyped spec"),
+    (_minimal(seed=None), "missing or mistyped seed"),
+    (_minimal(metrics=None), "missing or mistyped metrics"),
+    (_minimal(seed="0", metrics=[]), "missing or mistyped seed, metrics"),
+    (_minimal(run_id=3, spec="s"), "missing or mistyped run_id, spec"),
+    (_minimal(spec={"scenario": {"name": "a"}, "strategy": {"name": "b"}}), LACKS),
+    (_minimal(spec={"suite": 1, "scenario": {"name": "a"}, "strategy": {"name": "b"}}),
+     LACKS),
+    (_minimal(spec={"suite": "s", "scenario": {}, "strategy": {"name": "b"}}),
+     LACKS),
+    (_minimal(spec={"suite": "s", "scenario": {"name": "a"}, "strategy": {"label": "b"}}),
+     LACKS),
+    (_minimal(spec={"suite": "s", "scenario": "name", "strategy": {"name": "b"}}),
+     LACKS),
+    (_minimal(spec={"suite": "s", "scenario": {"name": "a"}}), LACKS),
+    (_minimal(run_id="../../etc/x"), "run_id '../../etc/x' is not a file name"),
+    (_minimal(run_id="a/b"), "run_id 'a/b' is not a file name"),
+    (_minimal(run_id="a..b"), "run_id 'a..b' is not a file name"),
+    (_minimal(run_id="_a"), "run_id '_a' is not a file name"),
+    (_minimal(status="running"), "status 'running' is not one of finished, failed"),
+])
+def test_what_is_not_a_record_is_refused_with_its_reason(tmp_path, content, reason):
+    """One exact line per kind of foreign JSON: not an object (named by its JSON type), each required key missing
+    or mistyped (all of them named, in order), a spec without suite/scenario/strategy names, a run id that is not
+    a plain file name (a path, '..', a leading '_'), a status other than finished/failed."""
+    path = _write(tmp_path, "r.json", content)
+    with pytest.raises(CorruptRecord) as info:
+        records.read(path)
+    assert str(info.value) == f"{path}: not a clbench run record ({reason})" and info.value.path == path
+
+
+@pytest.mark.parametrize("content", ['{"run_id": "syn', b"\xff\xfe\x00binary", None])
+def test_what_cannot_be_read_as_json_is_refused_with_the_readers_error(tmp_path, content):
+    """A file cut short, binary bytes and a missing file: a CorruptRecord naming the path and the reader's own
+    error (not a JSONDecodeError, UnicodeDecodeError or OSError escaping to the caller)."""
+    path = tmp_path / "r.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(CorruptRecord) as info:
+        records.read(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: not a readable JSON file (") and message.endswith(")"), message
+    assert info.value.path == path and len(message) > len(f"{path}: not a readable JSON file ()")
+
+
+def test_load_dir_returns_records_sorted_by_file_name_and_corrupt_files_by_path(tmp_path):
+    """Records of ``<out>/runs/*.json`` in file-name order, each corrupt file once as a CorruptRecord with its path;
+    files not named ``*.json`` are not read."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    b = _labelled("b", 0, status="finished")
+    a = _labelled("a", 1, status="failed")
+    _write(runs, "b__naive__s0.json", b)
+    _write(runs, "a__naive__s1.json", a)
+    _write(runs, "c.json", "{cut")
+    _write(runs, "notes.json", {"hello": "world"})
+    _write(runs, "readme.txt", "not a record")
+    found, corrupt = records.load_dir(tmp_path)
+    assert found == [a, b]
+    assert [c.path for c in corrupt] == [runs / "c.json", runs / "notes.json"]
+    assert all(isinstance(c, CorruptRecord) for c in corrupt)
+    assert records.load_dir(str(tmp_path))[0] == [a, b]
+
+
+def test_load_dir_without_runs_says_to_run_a_suite_first(tmp_path):
+    """A missing ``runs`` folder is one FileNotFoundError line that names the folder and the command."""
+    with pytest.raises(FileNotFoundError) as info:
+        records.load_dir(tmp_path)
+    assert str(info.value) == (f"no run records in {tmp_path / 'runs'}: run a suite first "
+                               "(python run_bench.py --suite NAME).")
+    (tmp_path / "runs").mkdir()
+    assert records.load_dir(tmp_path) == ([], [])

@@ -1,8 +1,17 @@
 import json
+from dataclasses import dataclass
 
 import pytest
+import torch
 
+from clbench.protocol import (
+    ParamCount,
+    StrategyBase,
+    StrategyContractError,
+    check_strategy,
+)
 from clbench.registry import CALLBACKS, COMMANDS, SCENARIOS, STRATEGIES, Registry, UnknownNameError
+from clbench.typecheck import only_with, setting
 
 
 def test_register_and_get():
@@ -105,3 +114,49 @@ def test_every_sub_command_is_its_own_module_of_clbench_commands():
     assert {"run", "list", "leaderboard", "report", "config", "analyze"} <= set().union(*registering.values())
     for module, names in registering.items():
         assert module.startswith("clbench.commands.") and len(names) == 1, (module, names)
+
+
+@dataclass
+class _Cfg:
+    lr: float = 0.1
+
+
+@dataclass
+class _UsedWithNothing:
+    lr: float = setting(0.1, only_with=only_with("optimizer", "sgd"))
+
+
+class _Good(StrategyBase):
+    Config = _Cfg
+    PRESETS = {"cpu": {"lr": 0.01}}
+
+    def train(self, experience):
+        pass
+
+    def predict(self, x, task_labels):
+        return torch.zeros(len(x), 4)
+
+    def num_parameters(self):
+        return ParamCount(1, 1)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: type("NotBase", (), {}), "must be a class deriving from clbench.protocol.StrategyBase"),
+    (lambda: type("NoPredict", (StrategyBase,), {"Config": _Cfg, "train": _Good.train,
+                                                 "num_parameters": _Good.num_parameters}),
+     "does not implement predict"),
+    (lambda: type("NoConfig", (_Good,), {"Config": dict}), "Config must be a dataclass"),
+    (lambda: type("BadPreset", (_Good,), {"PRESETS": {"cpu": {"lr": 0.1, "epochs": 3}}}),
+     r"preset 'cpu' sets unknown Config fields \['epochs'\]"),
+    (lambda: type("NoKinds", (_Good,), {"scenario_kinds": ()}), "scenario_kinds must be a non-empty tuple"),
+    (lambda: type("KindString", (_Good,), {"scenario_kinds": "next_item"}), "scenario_kinds must be a non-empty"),
+    (lambda: type("BadNeeds", (_Good,), {"private_needs": ("mem_size",)}),
+     "private_needs must be a tuple of clbench.protocol.PrivateNeed"),
+    (lambda: type("UsedWithNothing", (_Good,), {"Config": _UsedWithNothing}),
+     "Config field 'lr' is declared used only with 'optimizer', which is not a field of _UsedWithNothing"),
+])
+def test_registration_refuses_a_class_that_breaks_the_contract(make, message):
+    cls = make()
+    with pytest.raises(StrategyContractError, match=rf"strategy 'x' \(.*\) {message}|strategy 'x' \(.*\): {message}"):
+        check_strategy("x", cls)
+    check_strategy("x", _Good)          # the well-formed one passes

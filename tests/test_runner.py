@@ -166,7 +166,8 @@ class Means(Linear):
 
 
 @pytest.fixture
-def registered():
+def violators():
+    """The three strategies of the contract-violation tests, registered for one test."""
     names = {"test_own_loop": Linear, "test_no_super": NoSuper, "test_means": Means}
     for name, cls in names.items():
         STRATEGIES.register(name)(cls)
@@ -179,7 +180,7 @@ def _run(name):
     return api.run("synthetic", name, preset="cpu", device="cpu", scenario_args=SCENARIO_ARGS)
 
 
-def test_a_loop_that_bypasses_the_callbacks_is_a_contract_violation(registered):
+def test_a_loop_that_bypasses_the_callbacks_is_a_contract_violation(violators):
     record = _run("test_own_loop")
     assert record.status == "failed"
     assert record.reason == ("StrategyContractError: Linear.train() took 3 optimizer step(s) on experience 0 without "
@@ -188,12 +189,49 @@ def test_a_loop_that_bypasses_the_callbacks_is_a_contract_violation(registered):
                              "clbench.protocol.StrategyBase).")
 
 
-def test_a_skipped_super_init_is_named(registered):
+def test_a_skipped_super_init_is_named(violators):
     record = _run("test_no_super")
     assert record.status == "failed"
     assert record.reason.startswith("StrategyContractError: NoSuper.__init__ did not call super().__init__(info, "
                                     "device, config), which sets self.")
 
 
-def test_learning_without_an_optimizer_needs_no_hooks(registered):
+def test_learning_without_an_optimizer_needs_no_hooks(violators):
     assert _run("test_means").status == "finished"
+
+
+SYNTHETIC = {"n_classes": 4, "n_experiences": 2, "train_per_class": 10, "test_per_class": 5}
+
+
+@dataclass
+class _Cfg:
+    lr: float = 0.1
+
+
+class _Good(StrategyBase):
+    Config = _Cfg
+    PRESETS = {"cpu": {"lr": 0.01}}
+
+    def train(self, experience):
+        pass
+
+    def predict(self, x, task_labels):
+        return torch.zeros(len(x), 4)
+
+    def num_parameters(self):
+        return ParamCount(1, 1)
+
+
+def test_wrong_return_type_fails_the_run_naming_the_strategy(tmp_path, registered):
+    from clbench.runner import execute
+    from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
+
+    class IntCount(_Good):
+        def num_parameters(self):
+            return 5
+
+    registered(STRATEGIES, "test_int_count", IntCount)
+    record = execute(RunSpec("t", ScenarioEntry("synthetic", SYNTHETIC), StrategyEntry("test_int_count"), 0, "cpu"))
+    assert record.status == "failed"
+    assert record.reason == ("StrategyContractError: IntCount.num_parameters() returned int, expected ParamCount "
+                             "(see clbench.protocol.StrategyBase).")

@@ -317,3 +317,61 @@ def test_strategy_filter_picks_a_row_by_its_exact_label_or_name():
     assert _keys(labelled.select(strategies=["replay"])) == ["replay_m50", "replay_m200"]
     with pytest.raises(ConfigError, match="has no strategy 'replya'. Did you mean 'replay'"):
         labelled.select(strategies=["replya"])
+
+
+# ------------------------------------------------------------------------------------------- observing callbacks
+def _spec(*callbacks: dict):
+    from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
+
+    return RunSpec("s", ScenarioEntry("synthetic"), StrategyEntry("naive", preset="cpu", callbacks=callbacks), 0)
+
+
+def test_observing_callbacks_are_outside_the_run_identity_and_shaping_ones_stay_in():
+    """Loggers and the hook trace declare ``observer = True``: a run with them has the identity (and hash) of the
+    run without them; ``dual_form`` and ``dp`` stay in, in their order, next to observers too. A run without
+    observers keeps the identity it had before observers were left out: its entry with its callbacks as written."""
+    import dataclasses
+
+    from clbench.config import config_dict, config_hash
+
+    observers = [{"name": n, "args": {}} for n in ("tensorboard", "wandb", "training_log", "hook_trace")]
+    shaping = [{"name": "dual_form", "args": {}}, {"name": "dp", "args": {"epsilon": 8.0}}]
+    plain = _spec()
+    assert config_hash(_spec(*observers).identity()) == config_hash(plain.identity())
+    mixed = _spec(observers[0], shaping[0], observers[3], shaping[1])
+    assert mixed.identity()["strategy"]["callbacks"] == tuple(shaping)
+    assert config_hash(mixed.identity()) == config_hash(_spec(*shaping).identity()) != config_hash(plain.identity())
+    for spec in (plain, _spec(*shaping)):           # the pre-observer formula: the entry as written
+        before = {"suite": "s", "scenario": dataclasses.asdict(spec.scenario), "seed": 0,
+                  "strategy": {**dataclasses.asdict(spec.strategy), "resolved": config_dict(spec.config())}}
+        assert config_hash(spec.identity()) == config_hash(before)
+
+
+def test_a_callback_name_no_registry_knows_stays_in_the_identity():
+    """A record's plugin callback that is not loaded is not assumed to observe (leaderboard rows stay apart)."""
+    from clbench.specs import identity_callbacks
+
+    assert identity_callbacks([{"name": "not_loaded_anywhere", "args": {}}, {"name": "tensorboard", "args": {}}]) \
+        == ({"name": "not_loaded_anywhere", "args": {}},)
+
+
+def test_adding_or_removing_a_logger_resumes_the_finished_run(tiny_suite, tmp_path, capsys):
+    """The one test here that trains (a tiny run): the suite run again with ``tensorboard`` added resumes (the record
+    untouched, no event file written), and so does the suite with it removed again; the leaderboard keeps one row."""
+    import pandas as pd
+
+    from clbench.cli import main
+
+    entry = {"name": "naive", "preset": "cpu", "args": {"epochs": 1}}
+    out = tmp_path / "out"
+    assert main(["--suite", str(tiny_suite([entry])), "--out", str(out), "--quiet", "--device", "cpu"]) == 0
+    record = out / "runs" / "synthetic__naive__s0.json"
+    stamp, text = record.stat().st_mtime_ns, record.read_text()
+    logged = tiny_suite([{**entry, "callbacks": [{"name": "tensorboard"}]}], name="tiny")
+    for suite in (logged, tiny_suite([entry])):
+        capsys.readouterr()
+        assert main(["--suite", str(suite), "--out", str(out), "--quiet", "--quiet-table"]) == 0
+        assert "resuming: 1 of 1 runs already finished" in capsys.readouterr().err
+        assert (record.stat().st_mtime_ns, record.read_text()) == (stamp, text)
+    assert not (out / "artifacts" / "synthetic__naive__s0" / "tensorboard").exists()
+    assert len(pd.read_csv(out / "leaderboard.csv")) == 1
