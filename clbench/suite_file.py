@@ -27,6 +27,7 @@ file names (suite, labels: :data:`SAFE_NAME`) and what each strategy declares it
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import os
@@ -203,7 +204,7 @@ def _parse_dp(where: str, raw: Any) -> tuple[dict, ...]:
 
 def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: Any = None) -> None:
     """Every ``dp`` callback of an entry (from its ``dp:`` key or its ``callbacks:`` list): a strategy that may train
-    privately, a budget that can be used (:class:`clbench.privacy.step.DPConfig`), opacus installed (its
+    privately, a budget that can be used (:class:`clbench.privacy.config.DPConfig`), opacus installed (its
     accountant computes the noise) and the entry's resolved ``config`` meeting the strategy's declared
     ``private_needs`` (:meth:`clbench.protocol.StrategyBase.check_private`: no rehearsal memory, by default)."""
     entries = [c for c in callbacks if c["name"] == "dp"]
@@ -302,6 +303,8 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
         signature = Signature.recorded("scenario", item["name"])
         if signature is not None:
             _scenario_args(f"{source}: scenarios[{j}] ({item['name']})", signature, item.get("args", {}))
+    scenarios = [ScenarioEntry(name=s["name"], args=s.get("args", {}), label=s.get("label", "")) for s in raw_scenarios]
+    sizes = [recorded.recorded_sizes(record("scenario", s.name), s.args) for s in scenarios]
     for i, item in enumerate(raw_strategies):
         where = f"{source}: strategies[{i}] ({item['name']})"
         entries = [(f"{where}.callbacks", k, c) for k, c in enumerate(_entry_list(
@@ -309,6 +312,9 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
         for place, k, callback in [*entries, *([(f"{where}.dp", 0, {"name": "dp", "args": item["dp"]})]
                                               if "dp" in item else [])]:
             signature = Signature.recorded("callback", callback["name"])
+            if signature is not None and callback["name"] == "dp":
+                _check_budget(where, _callback_args(place, k, callback, dataclasses.replace(signature, declared={})),
+                              list(zip(scenarios, sizes)))
             if signature is not None:
                 _callback_args(place, k, callback, signature)
     computed_choices = only_shipped()
@@ -324,9 +330,24 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
         values, config = checked_config(item["name"], item.get("preset"), args,
                                         f"{source}: strategies[{i}] ({item['name']})", strategy)
         checked.append((i, StrategyEntry(name=item["name"], args=values, label=item.get("label", "")), type(config)))
-    scenarios = [ScenarioEntry(name=s["name"], args=s.get("args", {}), label=s.get("label", "")) for s in raw_scenarios]
-    _check_sizes(source, [(s, recorded.recorded_sizes(record("scenario", s.name), s.args)) for s in scenarios],
-                 checked)
+    _check_sizes(source, list(zip(scenarios, sizes)), checked)
+
+
+def _check_budget(where: str, args: dict, scenarios: list[tuple[ScenarioEntry, dict[str, int] | None]]) -> None:
+    """A ``dp`` entry's budget from its ``args`` (their keys and types checked: :class:`clbench.privacy.config.DPConfig`
+    refuses the values in its own words, without torch: exactly one of epsilon and noise_multiplier, finite values
+    in their declared ranges, a known clipping mode) and a target ε that
+    some noise reaches at the δ of every scenario whose training-sample count the index records (δ = 1/n when not
+    given; :func:`clbench.privacy.config.check_reachable`). A scenario without recorded sizes is checked when its
+    run calibrates the noise (its n is known only once its data are split)."""
+    from clbench.privacy.config import DPConfig, PrivacyBudgetError, check_reachable
+
+    try:
+        config = DPConfig(**args)
+        for j, (scenario, size) in enumerate(scenarios):
+            check_reachable(config, (size or {}).get("train_samples"), f"scenarios[{j}] ({scenario.key})")
+    except PrivacyBudgetError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _installed(module: str) -> bool:

@@ -17,19 +17,24 @@ cache of the last datasets read), ``download`` (torchvision's download code), ``
 ``tensors`` (uint8 arrays -> normalized tensors -> class-incremental scenario). Set-up guide: ``docs/data.md``.
 """
 
-from clbench.data.catalog import (
-    CIFAR100,
-    FASHION_MNIST,
-    MNIST,
-    DatasetSpec,
-    Layout,
-    SplitArrays,
-    image_folder_dataset,
-    load,
-    locate,
-)
+from importlib import import_module
+
 from clbench.data.errors import ChecksumMismatch, DatasetNotFound
 from clbench.data.roots import configure, search_roots
+
+_CATALOG = frozenset({"CIFAR100", "FASHION_MNIST", "MNIST", "DatasetSpec", "Layout", "SplitArrays",
+                      "image_folder_dataset", "load", "locate"})
+"""Names of :mod:`clbench.data.catalog` (which reads numpy), imported on first use: the data roots and the errors
+import nothing heavy, so that a missing dataset is refused before numpy is imported."""
+
+
+def __getattr__(name: str):
+    if name not in _CATALOG:
+        raise AttributeError(f"module 'clbench.data' has no attribute {name!r}")
+    value = getattr(import_module("clbench.data.catalog"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["CIFAR100", "FASHION_MNIST", "MNIST", "ChecksumMismatch", "DatasetNotFound", "DatasetSpec", "Layout",
            "SplitArrays", "configure", "image_folder_dataset", "load", "locate", "search_roots"]

@@ -14,15 +14,31 @@
   row's sample (packed rows). The first-step invariant (:meth:`Tape.explain`): the rules must explain every
   parameter's whole gradient, or the run stops naming the parameter.
 - :class:`PrivateTraining` — the ``dp`` callback: DP-SGD / DP-Adam step, Poisson batches, RDP accounting
-  (:mod:`clbench.privacy.step`, :mod:`clbench.privacy.accountant`, :mod:`clbench.privacy.sampling`).
+  (:mod:`clbench.privacy.step`, :mod:`clbench.privacy.accountant`, :mod:`clbench.privacy.sampling`); its budget
+  :class:`DPConfig` (:mod:`clbench.privacy.config`) and the RDP formulas (:mod:`clbench.privacy.rdp`) import no
+  torch, and nor does this package: its other names are imported on first use, and the modules that read the layer
+  rules (:mod:`clbench.privacy.tape`) import the attention and bare-parameter rules themselves.
 """
 
-from clbench.privacy import attention, bare  # noqa: F401 - register torch's attention and bare-parameter rules
-from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
-from clbench.privacy.packing import rows_of
-from clbench.privacy.rules import RULES, Call, Rule, UnsupportedLayerError, register_rule
-from clbench.privacy.step import DPConfig, PrivateTraining
-from clbench.privacy.tape import Tape, per_sample_grad_norms
+from importlib import import_module
+
+from clbench.privacy.config import DPConfig, PrivacyBudgetError
+
+_LAZY = {"epsilon": "accountant", "noise_multiplier": "accountant", "rows_of": "packing", "RULES": "rules",
+         "Call": "rules", "Rule": "rules", "UnsupportedLayerError": "rules", "register_rule": "rules",
+         "PrivateTraining": "step", "Tape": "tape", "per_sample_grad_norms": "tape"}
+"""The names this package gives, imported with their module on first use: the budget (:mod:`clbench.privacy.config`)
+imports no torch, so the suite loader reads it before the heavy imports."""
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'clbench.privacy' has no attribute {name!r}")
+    import_module("clbench.privacy.attention")       # torch's attention rules, with the first torch-side name
+    value = getattr(import_module(f"clbench.privacy.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["RULES", "Call", "DPConfig", "PrivacyBudgetError", "PrivateTraining", "Rule", "Tape",
            "UnsupportedLayerError", "epsilon", "noise_multiplier", "per_sample_grad_norms", "register_rule", "rows_of"]

@@ -22,10 +22,7 @@ import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 
-
-class PrivacyBudgetError(ValueError):
-    """A privacy budget that cannot be used (ε ≤ 0, δ ∉ (0, 1), clip ≤ 0, no ε or σ given, or no σ reaches ε);
-    raised before training with a message saying what to change."""
+from clbench.privacy.config import PrivacyBudgetError
 
 
 def _opacus():

@@ -50,13 +50,13 @@ import torch
 from torch import Tensor, nn
 
 from clbench.callbacks import CALLBACKS, BatchPlan, Callback, CallbackContext
-from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
+from clbench.privacy.accountant import epsilon, noise_multiplier
+from clbench.privacy.config import DECLARED, DPConfig, PrivacyBudgetError
 from clbench.privacy.reattention import ErrorPrior, ErrorTracking, with_noise
 from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.tape import Tape
 from clbench.registry import STRATEGIES, load_plugins
-from clbench.typecheck import Declared, only_with
 
 CLIPPING: dict[str, Callable[[Tensor, float, float], Tensor]] = {
     "flat": lambda norms, clip, gamma: (clip / (norms + 1e-6)).clamp(max=1.0),
@@ -64,37 +64,6 @@ CLIPPING: dict[str, Callable[[Tensor, float, float], Tensor]] = {
 }
 """Clipping factor ``C_i`` from the per-sample norms ``‖g_i‖``, the clipping norm ``R`` and automatic clipping's ``γ``
 (each bounds ``‖C_i g_i‖ ≤ R``)."""
-
-@dataclass(frozen=True)
-class DPConfig:
-    """A privacy budget: target ``epsilon`` (or a fixed ``noise_multiplier`` σ instead), ``delta`` (None: 1/n),
-    clipping norm ``clip`` (R), ``clipping`` (flat | automatic) and automatic clipping's ``gamma``."""
-
-    epsilon: float | None = None
-    delta: float | None = None
-    clip: float = 1.0
-    clipping: str = "flat"
-    noise_multiplier: float | None = None
-    gamma: float = 0.01
-
-    def __post_init__(self) -> None:
-        if (self.epsilon is None) == (self.noise_multiplier is None):
-            raise PrivacyBudgetError("dp: give exactly one of epsilon (a target budget; the noise is calibrated) "
-                                     "or noise_multiplier (sigma; epsilon is then reported).")
-        if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise PrivacyBudgetError(f"dp: epsilon must be a finite number > 0, got {self.epsilon}.")
-        if self.noise_multiplier is not None and not (math.isfinite(self.noise_multiplier)
-                                                      and self.noise_multiplier > 0):
-            raise PrivacyBudgetError(f"dp: noise_multiplier must be a finite number > 0, got {self.noise_multiplier}.")
-        if self.delta is not None and not 0 < self.delta < 1:
-            raise PrivacyBudgetError(f"dp: delta must lie in (0, 1) (default 1/n), got {self.delta}.")
-        if not (math.isfinite(self.clip) and self.clip > 0):
-            raise PrivacyBudgetError(f"dp: clip (the clipping norm R) must be > 0, got {self.clip}.")
-        if self.clipping not in CLIPPING:
-            raise PrivacyBudgetError(f"dp: clipping must be one of {sorted(CLIPPING)}, got {self.clipping!r}.")
-        if not self.gamma > 0:
-            raise PrivacyBudgetError(f"dp: gamma (automatic clipping) must be > 0, got {self.gamma}.")
-
 
 def check_private_strategy(strategy: str) -> None:
     """Refuse ``dp`` for a strategy whose class does not declare ``private = True`` (its ε would be wrong): a private
@@ -135,11 +104,15 @@ LEDGER: dict[str, dict[str, TrainingCall]] = {}
 @CALLBACKS.register("dp")
 class PrivateTraining(Callback):
     """Differentially private training (DP-SGD / DP-Adam step with ghost clipping, Poisson batches, RDP
-    accounting); arguments: :class:`DPConfig`'s fields. Reports ``epsilon`` (and ``noise_multiplier``)."""
+    accounting); arguments: :class:`~clbench.privacy.config.DPConfig`'s fields, with its declarations (the
+    suite loader checks them from the index). Reports ``epsilon`` (and ``noise_multiplier``)."""
 
-    def __init__(self, epsilon: float | None = None, delta: float | None = None, clip: float = 1.0,
-                 clipping: str = "flat", noise_multiplier: float | None = None,
-                 gamma: Annotated[float, Declared(only_with=only_with("clipping", "automatic"))] = 0.01) -> None:
+    def __init__(self, epsilon: Annotated[float | None, DECLARED["epsilon"]] = None,
+                 delta: Annotated[float | None, DECLARED["delta"]] = None,
+                 clip: Annotated[float, DECLARED["clip"]] = 1.0,
+                 clipping: Annotated[str, DECLARED["clipping"]] = "flat",
+                 noise_multiplier: Annotated[float | None, DECLARED["noise_multiplier"]] = None,
+                 gamma: Annotated[float, DECLARED["gamma"]] = 0.01) -> None:
         self.config = DPConfig(epsilon, delta, clip, clipping, noise_multiplier, gamma)
         self.tape: Tape | None = None
         self.call: TrainingCall | None = None
@@ -320,4 +293,4 @@ class PrivateTraining(Callback):
         return {"epsilon": max(spent), "noise_multiplier": max(c.sigma for c in calls), "delta": self.delta}
 
 
-__all__ = ["CLIPPING", "DPConfig", "PrivateTraining", "TrainingCall", "check_private_strategy"]
+__all__ = ["CLIPPING", "PrivateTraining", "TrainingCall", "check_private_strategy"]

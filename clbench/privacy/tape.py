@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
+from clbench.privacy import attention  # noqa: F401 - registers torch's attention rules, read here
 from clbench.privacy.fallback import OWNED, REPLAYED, rule_for
 from clbench.privacy.independence import RootCall, check_independent
 from clbench.privacy.rules import (
