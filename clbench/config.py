@@ -119,7 +119,7 @@ NOT_TRAINING: dict[str, str] = {
     "eval_batch_size": "the batch size of evaluation: the same predictions, computed in other chunks",
 }
 """Config fields (by name, or ``strategy.field`` for one strategy) that are part of the run identity but do not
-change what is trained, with the reason. Every other field changes the trained result; tests/test_fields.py
+change what is trained, with the reason. Every other field changes the trained result; tests/test_conformance.py
 changes each field of every shipped strategy and checks one or the other."""
 
 

@@ -265,7 +265,7 @@ class HookedMER(MER):
     ``after_backward`` and ``before_update`` just before the optimizer's step and ``after_update`` just after it
     (through the optimizer's step hooks): one ``after_forward`` / ``after_backward`` / ``after_step`` per optimizer
     step, ``on_batch_start`` once per mini-batch. The steps themselves are Avalanche's, unchanged (the hooks only
-    read; tests/test_avalanche_parity.py compares with Avalanche's own MER).
+    read; tests/test_strategies.py compares with Avalanche's own MER).
     """
 
     def _inner_updates(self, **kwargs):

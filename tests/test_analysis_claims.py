@@ -4,7 +4,8 @@ the table (results/claims.md, results/REFERENCE.md, README.md where it holds one
 
 The claims of the seed papers (results/claims.yaml, rendered by clbench/analysis/claims.py): every row names its
 paper and where the quoted number stands in it, states the paper's setting, and what it quotes is in the paper's
-text (/work/shared/papers, where there). The statistics, flags and verdicts are computed (tests/test_claims.py)."""
+text (/work/shared/papers, where there). The statistics, flags and
+verdicts are computed (the first tests of this file)."""
 
 import re
 from pathlib import Path

@@ -13,7 +13,8 @@ from clbench.analysis.reference_tables import BLOCK, main, regenerate, render, s
 ROOT = Path(__file__).parents[1]
 RECORDS = ROOT / "results" / "reference"
 HAND_WRITTEN = ("## Suite costs (for the next session)",)
-"""Sections whose tables are not made from the records (the claims table is generated too: tests/test_claims.py)."""
+"""Sections whose tables are not made from the records (the claims table is generated too:
+tests/test_analysis_claims.py)."""
 
 
 @pytest.mark.parametrize("document", ["results/REFERENCE.md"])

@@ -251,11 +251,11 @@ OPEN: dict[str, str] = {
 
 
 SKIPPED = {"init": "a checkpoint that fits each strategy's backbone: loading is tested in tests/test_models.py, its "
-                   "content hash in the identity in tests/test_reliability.py",
+                   "content hash in the identity in tests/test_executors.py",
            **dict.fromkeys(("prune", "prune_lambda", "prune_s_max", "prune_init"),
                            "DER's channel masks need a backbone with BatchNorm (resnet32), which the flat synthetic "
-                           "inputs cannot feed: tested in tests/test_der.py; the weights are refused at load without "
-                           "prune: true (declared used only with it)")}
+                           "inputs cannot feed: tested in tests/test_strategies_der.py; the weights are refused at "
+                           "load without prune: true (declared used only with it)")}
 
 
 def _candidates(name: str, field: str, value: typing.Any, annotation: typing.Any) -> list:

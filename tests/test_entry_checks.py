@@ -1,6 +1,6 @@
 """Settings a strategy would ignore in a suite entry are refused when the suite loads, one line naming the entry
 (:meth:`clbench.protocol.StrategyBase.check_entry` and the Configs' own checks): the ignored settings that
-tests/test_fields.py found (Re-Attention without a noise to model, the prior's noise without dp, ``head`` of the
+tests/test_conformance.py found (Re-Attention without a noise to model, the prior's noise without dp, ``head`` of the
 strategies that build their own, the ridge of non-linear members, shards of nlft), EWC settings Avalanche
 would refuse only when the run starts, a field set without the setting it is declared used only with, and what a
 strategy class declares it needs (the scenario kinds it serves; under dp, no rehearsal memory)."""

@@ -18,7 +18,7 @@ from tests.test_petl import _randomize, _vit
 from tests.test_privacy_norms import RTOL, ce, vmap_norms
 
 # every method with PETL modules; the controls (head_only, full_finetune: no module, the copy of the backbone made by
-# PETLViT.new_set) are checked against vmap in tests/test_petl_strategies.py
+# PETLViT.new_set) are checked against vmap in tests/test_strategies_petl.py
 CASES = [(name, MethodArgs(size=3, prefix_length=4, placement="both", prefix_reparam=0)) for name in METHODS.names()
          if build_method(name).modifications]
 CASES += [(name, MethodArgs(size=3, prefix_length=4, prefix_reparam=5)) for name in ("prefix", "mam")]

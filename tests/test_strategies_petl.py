@@ -66,7 +66,7 @@ def test_backbone_is_the_checkpoint_and_stays_bitwise_unchanged(name, scenario, 
 
 def test_init_checkpoint_is_the_frozen_backbone(scenario, checkpoint, tmp_path):
     """The backbone starts from the file ``init`` names (``{scenario}`` in it is replaced by the runner, for every
-    strategy: tests/test_reliability.py); a missing file is an error that says how to make one."""
+    strategy: tests/test_runner.py); a missing file is an error that says how to make one."""
     strategy = _strategy("lora", scenario, checkpoint)
     saved = torch.load(checkpoint, weights_only=True)["state_dict"]
     assert torch.equal(strategy.backbone.vit.pos_embed, saved["pos_embed"])

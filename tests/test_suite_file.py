@@ -159,7 +159,7 @@ def test_an_oversized_suite_file_is_refused(tmp_path):
     (lambda d: d.update(seeds=[0, 0]), "seed 0 appears twice"),
     (lambda d: d["strategies"][0].update(name="lora", args={"mem_size": 50}, dp={"epsilon": 3.0}),
      "dp with a rehearsal memory (mem_size 50)"),
-    # found by tests/test_fields.py: settings another setting makes unused (Adam has no momentum, cross-entropy no
+    # found by tests/test_conformance.py: settings another setting makes unused (Adam has no momentum, cross-entropy no
     # alpha/kappa), which used to be accepted and change nothing
     (lambda d: d["strategies"][0].update(args={"momentum": 0.5}),
      "args.momentum is used only with optimizer: sgd (this entry's optimizer is 'adam')"),

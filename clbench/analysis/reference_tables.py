@@ -15,7 +15,7 @@ The opening marker names the records (``suite``: the folder ``<root>/<suite>/run
   (default ``last_acc``): per pair and scenario, the seeds, ``d̄ ± t·sd/√n`` (with the metric's decimals) and
   the verdict; with ``relative=yes`` also ``r̄ ± half-width`` of ``r_s = d_s / m(B, s)`` in percent. A pair
   one of whose rows is flagged by :mod:`clbench.adequacy` (``not learned``, ``not converged``) has its verdict
-  marked ``(flagged: <row> <flag>; ...)``: not evidence (tests/test_claims_table.py fails on a claim that cites it
+  marked ``(flagged: <row> <flag>; ...)``: not evidence (tests/test_analysis_claims.py fails on a claim that cites it
   without saying so).
 - ``diag``: per scenario and row, ``diag = mean_i R[i, i]`` (accuracy on each step just after training it;
   mean ± sample std over seeds) beside ``last_acc``, and ``R[i, i]`` step by step: how well each step is learned,
@@ -26,7 +26,7 @@ The opening marker names the records (``suite``: the folder ``<root>/<suite>/run
   request and mode, the accuracy before and after removing shards and the paired change with its 95% half-width.
 
 :func:`regenerate` rewrites every block from the records; :func:`stale_blocks` lists the blocks whose committed
-text differs from what the records give (tests/test_reference_tables.py fails on any).
+text differs from what the records give (tests/test_analysis_reference_tables.py fails on any).
 ``python -m clbench.analysis.reference_tables [--check] [results/REFERENCE.md]`` does either from a shell.
 """
 

@@ -34,7 +34,7 @@ computed serve as the means:
 - LayerNorm ``y = γ ⊙ x̂ + β``, ``x̂ = (x - m) / s``: first order in ``x`` (the diagonal of ``J diag(v) Jᵀ``,
   ``J = diag(γ)/s · (I - (1 + x̂ x̂ᵀ)/d)``) plus the parameters' errors, with the normalizer taken at its expected
   value under the noise, ``s² = Var_d(x) + (1 - 1/d) mean(v) + ε`` (without it the variance is over-estimated by
-  ``≈ 1 + mean(v)/Var_d(x)``; checked against Monte Carlo in tests/test_reattention.py):
+  ``≈ 1 + mean(v)/Var_d(x)``; checked against Monte Carlo in tests/test_privacy_reattention.py):
   ``Var y_i = (γ_i/s)² [v_i (1 - 2(1 + x̂_i²)/d) + (Σ_j v_j + 2 x̂_i Σ_j x̂_j v_j + x̂_i² Σ_j x̂_j² v_j)/d²]
   + s_γ x̂_i² + s_β``
 - ReLU / GELU on ``N(μ, v)``: the exact variance of the output (ReLU: the rectified-Gaussian closed form;
