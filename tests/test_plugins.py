@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
+import tests._fakes  # noqa: F401 - registers test_increasing_logits
 from clbench import plugins, registry
 from clbench.cli import main
 from clbench.plugins import ENV, UNAVAILABLE, PluginError, import_plugin, load_plugin, scan
@@ -374,3 +376,46 @@ def test_an_installed_plugin_that_registers_only_strategies_leaves_the_choices_c
     if shipped_choices:
         with pytest.raises(ConfigError, match="optimizer"):
             suite_file._check_recorded_values("s.yaml", [{"name": "split_digits"}], sgdd)
+
+
+PYTHON = sys.executable
+
+
+def _python(code: str, cwd: Path = ROOT, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CLBENCH_JOBS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([PYTHON, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------------- names
+def test_a_plugin_cannot_shadow_a_shipped_name_even_before_the_shipped_module_is_imported(tmp_path):
+    for kind, registry, name, base in (("strategy", "STRATEGIES", "naive", "StrategyBase"),  # noqa: F402
+                                       ("scenario", "SCENARIOS", "split_digits", None)):
+        plugin = tmp_path / f"shadow_{kind}.py"
+        body = f"class Mine({base}):\n    pass\n" if base else "def Mine(seed, **kw):\n    pass\n"
+        plugin.write_text(f"from clbench.protocol import StrategyBase\nfrom clbench.registry import {registry}\n\n"
+                          f"@{registry}.register({name!r})\n{body}")
+        result = _python(f"""
+            import sys
+            from clbench.plugins import PluginError, load_plugin
+            try:
+                load_plugin({str(plugin)!r})
+            except PluginError as exc:
+                print(exc)
+            print(sorted(m for m in sys.modules if m.startswith("clbench.s")))
+        """)
+        line, imported = result.stdout.strip().splitlines()
+        shipped = "clbench.strategies.baselines" if kind == "strategy" else "clbench.scenarios.digits"
+        assert line.startswith(f"plugin {str(plugin)!r} failed to load: ValueError: {kind} {name!r} of shadow_{kind} "
+                               f"is already registered by shipped module {shipped}"), result
+        assert shipped not in imported         # refused from the index, without importing the shipped module
+
+
+def test_two_plugins_registering_one_name_are_refused_naming_both(tmp_path):
+    for stem in ("first_plugin_x37", "second_plugin_x37"):
+        (tmp_path / f"{stem}.py").write_text(
+            "from clbench.registry import MODELS\n\n@MODELS.register('model_x37')\ndef make(info):\n    '''m'''\n")
+    load_plugin(str(tmp_path / "first_plugin_x37.py"))
+    with pytest.raises(PluginError, match="model 'model_x37' of second_plugin_x37 is already registered by "
+                                          "first_plugin_x37"):
+        load_plugin(str(tmp_path / "second_plugin_x37.py"))

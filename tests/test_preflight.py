@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import tests._fakes  # noqa: F401 - registers test_increasing_logits
+from clbench import names, preflight
 from clbench.errors import ConfigError
 from clbench.files import locked_folder
 from clbench.preflight import GPU_DEVICE_FILES, check_gpu_present
@@ -117,3 +121,61 @@ def test_a_missing_dataset_is_refused_before_the_imports(tmp_path):
     [[code, err]], heavy = json.loads(done.stdout.strip().splitlines()[-1])
     assert (code, err) == (2, f"error: {start}\n")
     assert heavy == [], heavy
+
+
+PYTHON = sys.executable
+
+
+def _private(run_id="r"):
+    return SimpleNamespace(run_id=run_id, strategy=SimpleNamespace(callbacks=({"name": "dp", "args": {}},)))
+
+
+def test_run_ids_too_long_for_the_output_folder_s_file_system_are_refused_before_the_first_run(tmp_path,
+                                                                                                 monkeypatch):
+    monkeypatch.setattr(names, "name_limit", lambda folder: 40)
+    spec = SimpleNamespace(run_id="a" * 30, strategy=SimpleNamespace(callbacks=()))
+    with pytest.raises(ConfigError, match="accepts at most 40 bytes"):
+        preflight.preflight([spec], tmp_path)
+    preflight.preflight([SimpleNamespace(run_id="a" * 10, strategy=spec.strategy)], tmp_path)
+
+
+def test_an_installed_opacus_that_fails_at_import_is_one_line_before_the_first_run(tmp_path, monkeypatch):
+    for module in [m for m in sys.modules if m.startswith("opacus")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "opacus", None)        # `import opacus` raises ImportError
+    with pytest.raises(ConfigError, match="callback dp needs opacus .* cannot be imported"):
+        preflight.preflight([_private()], tmp_path)
+
+
+def test_wandb_online_without_a_login_is_one_line_before_the_first_run(tmp_path, monkeypatch):
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine example.org login u password p\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    online = SimpleNamespace(run_id="r", strategy=SimpleNamespace(callbacks=({"name": "wandb",
+                                                                              "args": {"mode": "online"}},)))
+    with pytest.raises(ConfigError, match="needs a W&B login"):
+        preflight.preflight([online], tmp_path)
+    offline = SimpleNamespace(run_id="r", strategy=SimpleNamespace(callbacks=({"name": "wandb", "args": {}},)))
+    preflight.preflight([offline], tmp_path)
+    netrc.write_text("machine api.wandb.ai login user password 0123456789\n")
+    preflight.preflight([online], tmp_path)
+
+
+def test_a_file_size_limit_too_small_for_the_plots_is_one_line_before_the_first_run(tiny_suite, tmp_path):
+    """``ulimit -f 100``: every run trained, then the plots could not be written (OSError 27) after the work."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    suite, out = tiny_suite([{"name": "test_increasing_logits"}]), tmp_path / "out"
+    result = subprocess.run([PYTHON, "-c", "import sys, tests._fakes; from clbench.cli import main; "
+                             "sys.exit(main(sys.argv[1:]))", "--suite", str(suite), "--out", str(out), "--quiet",
+                             "--device", "cpu"], cwd=ROOT, preexec_fn=limit, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "CLBENCH_JOBS": "1", "PYTHONPATH": str(ROOT)})
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("suite ")]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "file size limit of this shell is 102,400 bytes (ulimit -f)" in lines[0]
+    assert not (out / "runs").exists() or not list((out / "runs").iterdir())
