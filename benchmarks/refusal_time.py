@@ -4,15 +4,17 @@ Each file of :data:`tests.test_load_checks.MALFORMED` (a duplicated key, an unkn
 callback, a ``dp:`` that is not a mapping, an entry given twice, a label that cannot be a file name, a negative
 seed, text that is not YAML, nesting past the limit) and of :data:`tests.test_load_checks.VALUES`, whose mistake is
 in a VALUE that only the strategy's ``Config`` or the scenario's sizes know (``epochs: -1``, ``mem_size`` above the
-stream, an optimizer the Config does not offer): ``python -m clbench --suite FILE`` runs in a fresh process, timed
+stream, an optimizer the Config does not offer, a dp budget out of range or that no noise reaches, ViT heads or
+patches that do not divide the width or the image): ``python -m clbench --suite FILE`` runs in a fresh process, timed
 from before the process starts to its exit (the refusal is its last act), ``--repeat`` times; the median and the
 worst are printed per file, with the refusal line.
 
 Both kinds are refused without importing a strategy or scenario module, torch or Avalanche: the shape of a file is
 checked from the registries' index, and so are the values, against what the index records of each shipped
-strategy's Config and each scenario's sizes (:mod:`clbench.recorded`). What the index does not record (sizes for
-scenario arguments no shipped suite gives, ``model_args``, a plugin's strategy) is refused by the full check, after
-the imports (about 13 s on the 2-core machine).
+strategy's Config, each scenario's sizes and input shape and each model's declared divisibility rules
+(:mod:`clbench.recorded`; the dp budget from the torch-free :mod:`clbench.privacy.config`). What the index does not
+record (sizes and shapes for scenario arguments no shipped suite gives, other ``model_args`` values, a plugin's
+strategy) is refused by the full check, after the imports (about 13 s on the 2-core machine).
 
 The command line's own refusals (:func:`tests.test_preflight.command_line_cases`: ``--jobs 0``, ``$CLBENCH_JOBS``,
 ``--out ''``, an unwritable or locked output folder, ``ulimit -f``, ``--device cuda`` without a GPU, a missing

@@ -203,26 +203,43 @@ def _signature(cls: Any) -> str:
 def scenario_record(name: str, factory: Any) -> dict | None:
     """What the index records of scenario ``name``'s factory: its keyword parameters (:func:`signature_record`), the
     datasets it reads (its ``datasets`` attribute: :class:`clbench.data.catalog.DatasetSpec` s, as
-    :func:`dataset_record`) and the sizes its ``sizes(**args)`` returns for its defaults and for the arguments each
-    shipped suite gives it (checked as the loader checks them; left out without a ``sizes`` or when that function
-    reads arguments it does not name)."""
+    :func:`dataset_record`), and what two functions of its arguments declared beside it return for its defaults
+    and for the arguments each shipped suite gives it (checked as the loader checks them; left out without the
+    function or when it reads arguments it does not name): the sizes of ``sizes(**args)`` and the input shape of
+    ``input_shape(**args)`` (``(C, H, W)`` of an image; ``None`` when the data decide it)."""
     record = {"signature": signature_record(factory), "depends": [factory.__module__],
               "datasets": [dataset_record(spec) for spec in getattr(factory, "datasets", ())]}
-    sizes = getattr(factory, "sizes", None)
-    params = _size_params(sizes) if sizes is not None else None
+    sizes = _declared_table(name, factory, "sizes", lambda found: {k: int(v) for k, v in found.items()})
+    if sizes is not None:
+        params, table = sizes
+        record.update(params=params, sizes=[{"args": json.loads(key), "sizes": found} for key, found in table])
+    shapes = _declared_table(name, factory, "input_shape", lambda found: None if found is None else list(found))
+    if shapes is not None:
+        params, table = shapes
+        record["shapes"] = {"params": params, "rows": [{"args": json.loads(key), "shape": found}
+                                                       for key, found in table]}
+    record["depends"] = sorted({factory.__module__, *(getattr(factory, f).__module__ for f in ("sizes", "input_shape")
+                                                      if hasattr(factory, f))})
+    return record
+
+
+def _declared_table(name: str, factory: Any, function: str, convert: Callable[[Any], Any]
+                    ) -> tuple[dict, list[tuple[str, Any]]] | None:
+    """``(params, [(arguments as text, value)])`` of scenario ``name``'s declared ``factory.<function>(**args)``
+    (see :func:`scenario_record`), None without one."""
+    declared = getattr(factory, function, None)
+    params = _size_params(declared) if declared is not None else None
     if params is None:
-        return record
+        return None
     table = {}
     for args in [{}, *_suite_arguments().get(name, [])]:
         try:
             checked = typecheck.check_values(args, type_hints(factory),
                                              declared=typecheck.parameter_declarations(factory))
-            table[_key(params, checked)] = {name: int(count) for name, count in sizes(**checked).items()}
+            table[_key(params, checked)] = convert(declared(**checked))
         except (ValueError, TypeError):       # arguments the loader refuses: left to it
             continue
-    return {**record, "params": params, "sizes": [{"args": json.loads(key), "sizes": found} for key, found in
-                                                  sorted(table.items())],
-            "depends": sorted({factory.__module__, sizes.__module__})}
+    return params, sorted(table.items())
 
 
 def dataset_record(spec: Any) -> dict:
@@ -332,15 +349,36 @@ def recorded_sizes(record: dict | None, args: dict) -> dict[str, int] | None:
     are those the function returns for the values the loader makes of ``args``."""
     if record is None or "sizes" not in record:
         return None
+    return _recorded(record["params"], [(e["args"], e["sizes"]) for e in record["sizes"]], args)
+
+
+def recorded_shape(record: dict | None, args: dict) -> tuple[int, ...] | None:
+    """The input shape a scenario's ``record`` holds for ``args`` (None: not recorded, or decided by the data), as
+    :func:`recorded_sizes` finds sizes."""
+    if record is None or "shapes" not in record:
+        return None
+    found = _recorded(record["shapes"]["params"], [(e["args"], e["shape"]) for e in record["shapes"]["rows"]], args)
+    return None if found is None else tuple(found)
+
+
+def _recorded(params: dict, rows: list[tuple[dict, Any]], args: dict) -> Any:
     try:
-        key = _key(record["params"], args)
+        key = _key(params, args)
     except Unrecordable:
         return None
-    return next((e["sizes"] for e in record["sizes"] if json.dumps(e["args"], sort_keys=True) == key), None)
+    return next((found for recorded_args, found in rows if json.dumps(recorded_args, sort_keys=True) == key), None)
+
+
+def model_record(name: str, factory: Any) -> dict:
+    """What the index records of a model factory: its keyword parameters (:func:`signature_record`: the defaults
+    that ``model_args`` override) and the divisibility rules it declares (its ``divides``: :class:`Divides` s)."""
+    return {"signature": signature_record(factory), "depends": [factory.__module__],
+            "divides": [dataclasses.asdict(rule) for rule in getattr(factory, "divides", ())]}
 
 
 RECORDERS: dict[str, Callable[[str, Any], dict | None]] = {
     "strategy": lambda name, cls: strategy_record(cls), "scenario": scenario_record,
-    "callback": lambda name, cls: {"signature": signature_record(cls), "depends": [cls.__module__]}}
+    "callback": lambda name, cls: {"signature": signature_record(cls), "depends": [cls.__module__]},
+    "model": model_record}
 """The kinds whose entries the index records, and how (``recorder(name, entry)``; each record lists the modules it
 ``depends`` on)."""

@@ -229,26 +229,51 @@ def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: An
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _check_model_args(where: str, config: Any) -> None:
+def _check_model_args(where: str, config: Any, scenarios: list[ScenarioEntry]) -> None:
     """The resolved ``model_args`` of an entry whose Config names its model, with the model factory's defaults
-    filled in, against the factory's optional ``check_args(**args)`` (a ``ValueError`` there is a
-    :class:`ConfigError`): what the model would refuse when each run builds it (ViT heads that do not divide the
-    width) is refused at load. With ``model: auto`` the model is the scenario's, known when the scenario is built."""
+    filled in, against the divisibility rules the factory declares (its ``divides``) and each scenario's input
+    shape (the factory's ``input_shape(**args)``, where it declares one): what the model would refuse when each run
+    builds it (ViT heads that do not divide the width, patches that do not tile the image) is refused at load. With
+    ``model: auto`` the model is the scenario's, known when the scenario is built."""
     from clbench.registry import MODELS
 
     model, model_args = getattr(config, "model", "auto"), getattr(config, "model_args", None)
     if model == "auto" or not isinstance(model_args, dict) or model not in MODELS:
         return
     factory = MODELS.get(model)
-    check = getattr(factory, "check_args", None)
-    if check is None:
-        return
     defaults = {p.name: p.default for p in inspect.signature(factory).parameters.values()
                 if p.default is not inspect.Parameter.empty}
-    try:
-        check(**{**defaults, **model_args})
-    except ValueError as exc:
-        raise ConfigError(f"{where}: model_args: {exc}") from None
+    shapes = [(s, getattr(SCENARIOS.get(s.name), "input_shape", lambda **_: None)(**s.args)) for s in scenarios]
+    _check_model_shape(where, getattr(factory, "divides", ()), {**defaults, **model_args}, shapes)
+
+
+def _check_model_shape(where: str, rules: Any, model_args: dict,
+                       shapes: list[tuple[ScenarioEntry, tuple[int, ...] | None]]) -> None:
+    """``model_args`` (defaults filled in) against a model factory's declared :class:`~clbench.typecheck.Divides`
+    ``rules``, with the input shape of each scenario ``(entry, shape or None when unknown)`` of the suite."""
+    for j, (scenario, shape) in enumerate(shapes):
+        try:
+            typecheck.check_divides(rules, model_args, shape, f"scenarios[{j}] ({scenario.key})")
+        except ValueError as exc:
+            raise ConfigError(f"{where}: model_args: {exc}") from None
+
+
+def _check_recorded_model(where: str, item: dict, found: dict,
+                          shapes: list[tuple[ScenarioEntry, tuple[int, ...] | None]]) -> None:
+    """A strategy entry's model and ``model_args`` (its args over its preset over its Config's defaults, as the
+    strategy's index ``found`` records them) against the divisibility rules the index records of the model factory
+    and the input shapes it records of the scenarios (:func:`_check_model_shape`); values of another type are left
+    to the full check."""
+    values = {f["name"]: f["default"] for f in found["fields"]}
+    values.update(found["presets"].get(item.get("preset"), {}) if isinstance(item.get("preset"), str) else {})
+    values.update(item.get("args", {}))
+    model, model_args = values.get("model"), values.get("model_args")
+    model_record = record("model", model) if isinstance(model, str) and isinstance(model_args, dict) else None
+    if model_record is None:
+        return
+    defaults = {p["name"]: p["default"] for p in model_record["signature"]["params"] if "default" in p}
+    rules = [typecheck.Divides(**rule) for rule in model_record["divides"]]
+    _check_model_shape(where, rules, {**defaults, **model_args}, shapes)
 
 
 def _check_kinds(source: str, scenarios: list[ScenarioEntry], strategies: list[StrategyEntry]) -> None:
@@ -319,8 +344,11 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
                 _callback_args(place, k, callback, signature)
     computed_choices = only_shipped()
     checked = []
+    shapes = [(s, recorded.recorded_shape(record("scenario", s.name), s.args)) for s in scenarios]
     for i, item in enumerate(raw_strategies):
         found = record("strategy", item["name"])
+        if found is not None:
+            _check_recorded_model(f"{source}: strategies[{i}] ({item['name']})", item, found, shapes)
         strategy = recorded.stand_in(found, computed_choices) if found is not None else None
         args = item.get("args", {})
         if strategy is None or "model_args" in args:
@@ -428,7 +456,7 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
     for i, item in enumerate(raw_strategies):
         where = f"{source}: strategies[{i}] ({item['name']})"
         args, config = checked_config(item["name"], item.get("preset"), item.get("args", {}), where)
-        _check_model_args(where, config)
+        _check_model_args(where, config, scenarios)
         callbacks = parse_callbacks(f"{where}.callbacks", item.get("callbacks", []))
         if "dp" in item:
             callbacks += _parse_dp(where, item["dp"])

@@ -201,6 +201,40 @@ experience need that many samples in each, and a batch larger than the stream is
 10**12`` ran as one batch a step under its own identity)."""
 
 
+INPUT_AXES: dict[str, int] = {"channels": 0, "height": 1, "width": 2}
+"""The axes of a scenario's image input shape ``(C, H, W)`` that a :class:`Divides` rule may name."""
+
+
+@dataclass(frozen=True)
+class Divides:
+    """A model factory's rule, declared beside it (its ``divides`` attribute, recorded in the registries' index):
+    its keyword parameter ``divisor`` divides ``dividend``, another of its parameters or an axis of the scenario's
+    input shape (a key of :data:`INPUT_AXES`); ``why`` says what needs it (ViT: heads divide the width, patches
+    tile the image)."""
+
+    divisor: str
+    dividend: str
+    why: str
+
+
+def check_divides(rules: Iterable[Divides], args: Mapping[str, Any], input_shape: tuple[int, ...] | None = None,
+                  scenario: str = "the scenario") -> None:
+    """Raise ``ValueError`` naming the first of ``rules`` that the model arguments ``args`` (defaults filled in)
+    break, with ``input_shape`` the shape of ``scenario``'s inputs (None: unknown, those rules are left)."""
+    for rule in rules:
+        divisor = args.get(rule.divisor)
+        if rule.dividend in INPUT_AXES:
+            axis = INPUT_AXES[rule.dividend]
+            total = input_shape[axis] if input_shape is not None and len(input_shape) == len(INPUT_AXES) else None
+            named = f"the image {rule.dividend} {total} of {scenario}"
+        else:
+            total = args.get(rule.dividend)
+            named = f"{rule.dividend} {total}"
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (divisor, total)) and total % divisor:
+            raise ValueError(f"{rule.divisor} {divisor} does not divide {named} ({rule.why}); set {rule.divisor} to "
+                             f"a divisor of {total}.")
+
+
 METADATA_KEY = "clbench"
 NOTHING_DECLARED = Declared()
 

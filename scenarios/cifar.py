@@ -58,6 +58,7 @@ def _holdout_check(default_classes: int):
 
 
 split_cifar100.check_args = _holdout_check(100)
+split_cifar100.input_shape = lambda **_: (3, 32, 32)  # (C, H, W), recorded: checked at load
 split_cifar100.datasets = (data.CIFAR100,)     # what it reads (recorded in the index, checked before imports)
 
 
@@ -79,4 +80,5 @@ def cifar100_transfer(*, seed: int = 0, classes: int = 50, max_per_class: int | 
 
 
 cifar100_transfer.check_args = _holdout_check(50)
+cifar100_transfer.input_shape = split_cifar100.input_shape
 cifar100_transfer.datasets = (data.CIFAR100,)     # what it reads (recorded in the index, checked before imports)

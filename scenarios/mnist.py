@@ -109,7 +109,9 @@ def _sizes_of(per_class: tuple[int, ...]):
 split_mnist.check_args = _split_check(MNIST_TRAIN_PER_CLASS)
 split_fmnist.check_args = _split_check(FASHION_MNIST_TRAIN_PER_CLASS)
 split_mnist.sizes = _sizes_of(MNIST_TRAIN_PER_CLASS)
+split_mnist.input_shape = lambda **_: (1, 28, 28)  # (C, H, W), recorded: checked at load
 split_fmnist.sizes = _sizes_of(FASHION_MNIST_TRAIN_PER_CLASS)
+split_fmnist.input_shape = split_mnist.input_shape
 split_mnist.datasets = (data.MNIST,)        # what it reads: checked before `clbench run` imports (the index records it)
 split_fmnist.datasets = (data.FASHION_MNIST,)
 
@@ -126,6 +128,7 @@ def mnist_transfer(*, seed: int = 0, max_per_class: int | None = None,
 
 mnist_transfer.check_args = _holdout_check(MNIST_TRAIN_PER_CLASS)
 mnist_transfer.datasets = (data.MNIST,)
+mnist_transfer.input_shape = split_mnist.input_shape
 
 
 @SCENARIOS.register("mnist_fmnist")
@@ -155,3 +158,4 @@ def mnist_fmnist(*, seed: int = 0, mode: Literal["class", "domain"] = "class", m
 
 mnist_fmnist.check_args = _holdout_check(MNIST_TRAIN_PER_CLASS, FASHION_MNIST_TRAIN_PER_CLASS)
 mnist_fmnist.datasets = (data.MNIST, data.FASHION_MNIST)
+mnist_fmnist.input_shape = split_mnist.input_shape

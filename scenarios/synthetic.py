@@ -63,3 +63,12 @@ def _sizes(*, n_classes: int = 6, n_experiences: int = 3, train_per_class: int =
 
 synthetic.check_args = _check_args
 synthetic.sizes = _sizes
+
+
+def _input_shape(*, image_size: int = 8, channels: int = 1, **_: object) -> tuple[int, int, int]:
+    """The input ``(C, H, W)`` of :func:`synthetic` for its arguments (recorded in the index: model shapes are
+    checked at load)."""
+    return channels, image_size, image_size
+
+
+synthetic.input_shape = _input_shape

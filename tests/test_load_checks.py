@@ -344,6 +344,34 @@ VALUES = {      # a wrong value that only the strategy's Config or the scenario'
         "suite: x\nscenarios: [split_digits]\nstrategies:\n"
         "  - {name: naive, callbacks: [{name: hook_trace, args: {batches: 0}}]}\n",
         "strategies[0] (naive).callbacks[0].args.batches: 0 is out of range: batches must be >= 1"),
+    "dp: clip 0": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: naive, dp: {epsilon: 3.0, clip: 0}}\n",
+        "strategies[0] (naive): dp: clip (the clipping norm R) must be > 0, got 0.0."),
+    "dp: epsilon and noise_multiplier": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n"
+        "  - {name: naive, dp: {epsilon: 3.0, noise_multiplier: 1.0}}\n",
+        "strategies[0] (naive): dp: give exactly one of epsilon (a target budget; the noise is calibrated) or "
+        "noise_multiplier (sigma; epsilon is then reported)."),
+    "dp: epsilon no noise reaches": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: naive, dp: {epsilon: 0.01, delta: 1e-5}}\n",
+        "strategies[0] (naive): dp: no noise multiplier reaches epsilon=0.01 at delta=1e-05: the RDP accountant's "
+        "epsilon there is above 0.1029 however much noise is added; set epsilon above 0.1029, or raise delta."),
+    "vit: heads": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n"
+        "  - {name: naive, args: {model: vit, model_args: {num_heads: 5}}}\n",
+        "strategies[0] (naive): model_args: num_heads 5 does not divide embed_dim 64 (each head takes embed_dim / "
+        "num_heads dimensions); set num_heads to a divisor of 64."),
+    "vit: patch": (
+        "suite: x\nscenarios: [split_cifar100]\nstrategies:\n"
+        "  - {name: naive, args: {model: vit, model_args: {patch_size: 5}}}\n",
+        "strategies[0] (naive): model_args: patch_size 5 does not divide the image height 32 of scenarios[0] "
+        "(split_cifar100) (the image is cut into patch_size x patch_size patches); set patch_size to a divisor of "
+        "32."),
+    "vit: patch on the second scenario": (
+        "suite: x\nscenarios: [split_digits, split_mnist]\nstrategies:\n"
+        "  - {name: naive, args: {model: vit, model_args: {patch_size: 8}}}\n",
+        "strategies[0] (naive): model_args: patch_size 8 does not divide the image height 28 of scenarios[1] "
+        "(split_mnist) (the image is cut into patch_size x patch_size patches); set patch_size to a divisor of 28."),
 }
 
 

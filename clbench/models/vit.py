@@ -23,6 +23,7 @@ from clbench.privacy.reattention import (
 from clbench.privacy.rules import LAYER_NORM, LAYER_SCALE, VIT_TOKENS, register_rule
 from clbench.protocol import ClassificationInfo
 from clbench.registry import MODELS
+from clbench.typecheck import Divides, check_divides
 
 
 class ReAttentionViT(VisionTransformer):
@@ -163,14 +164,6 @@ VIT_CLASSES: dict[str, type[VisionTransformer]] = {"vanilla": VisionTransformer,
 """``attention`` option of :func:`vit` -> the model class."""
 
 
-def check_shape(*, embed_dim: int, num_heads: int, **_: object) -> None:
-    """What :func:`vit` would refuse inside each run, known from its arguments (its ``check_args``, checked when a
-    suite loads): attention heads that do not divide the width."""
-    if embed_dim % num_heads:
-        raise ValueError(f"num_heads {num_heads} does not divide embed_dim {embed_dim} (each head takes "
-                         f"embed_dim / num_heads dimensions); set num_heads to a divisor of {embed_dim}.")
-
-
 @MODELS.register("vit")
 def vit(info: ClassificationInfo, *, embed_dim: int = 64, depth: int = 2, num_heads: int = 4, patch_size: int = 4,
         mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: float | None = None,
@@ -185,9 +178,9 @@ def vit(info: ClassificationInfo, *, embed_dim: int = 64, depth: int = 2, num_he
     """
     if attention not in VIT_CLASSES:
         raise ValueError(f"attention must be one of {sorted(VIT_CLASSES)}, got {attention!r}.")
+    check_divides(vit.divides, {"embed_dim": embed_dim, "num_heads": num_heads, "patch_size": patch_size},
+                  info.input_shape, info.name)
     channels, height, width = info.input_shape
-    if height % patch_size or width % patch_size:
-        raise ValueError(f"patch_size {patch_size} does not divide the image size {height}x{width} of {info.name}.")
     model = VIT_CLASSES[attention](img_size=(height, width), patch_size=patch_size, in_chans=channels,
                                    num_classes=info.n_classes if num_classes is None else num_classes,
                                    embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
@@ -199,4 +192,8 @@ def vit(info: ClassificationInfo, *, embed_dim: int = 64, depth: int = 2, num_he
     return model
 
 
-vit.check_args = check_shape
+vit.divides = (Divides("num_heads", "embed_dim", "each head takes embed_dim / num_heads dimensions"),
+               Divides("patch_size", "height", "the image is cut into patch_size x patch_size patches"),
+               Divides("patch_size", "width", "the image is cut into patch_size x patch_size patches"))
+"""What :func:`vit` refuses, declared (recorded in the registries' index: the suite loader checks ``model_args``
+against each scenario's recorded input shape before the imports)."""
