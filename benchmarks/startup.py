@@ -1,5 +1,5 @@
 """Startup cost of the command line, measured in fresh processes on this machine (no timed unit test: the numbers
-depend on the machine and its load; tests/test_startup.py checks what is imported).
+depend on the machine and its load; tests/test_imports.py checks what is imported).
 
 Prints, for each case, the wall time and the peak resident memory (``ru_maxrss`` of the child process):
 

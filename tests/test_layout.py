@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NOT_A_MODULE = {
     "test_conformance.py": "the registries' contract: every strategy, scenario, model and callback by name",
-    "test_imports.py": "the import graph of the whole package (its layers), not one module",
+    "test_imports.py": "the imports of the whole package, not one module: its layers, and what a process imports "
+                       "before it trains",
     "test_docs_site.py": "the documentation site built from docs/ and mkdocs.yml",
     "test_readme_example.py": "the examples of README.md and the how-to guides, run as written",
     "test_example_plugin.py": "examples/clbench-example-plugin, installed and run as a user does",
