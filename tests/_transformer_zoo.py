@@ -1,6 +1,6 @@
 """Transformers written the usual PyTorch way (nn.TransformerEncoderLayer / nn.TransformerDecoderLayer, bare
 nn.Parameters for positional tables and class tokens, tied input/output embeddings), for private training: the zoo
-that tests/test_privacy_zoo.py checks against vmap's per-sample gradients and benchmarks/dp_cost.py times
+that tests/test_privacy.py checks against vmap's per-sample gradients and benchmarks/dp_cost.py times
 (a test helper: the benchmark puts the repository first on its path to import it).
 
 Every model maps a batch (sample dimension first) to scores; sizes are arguments (``Sizes``)."""
@@ -500,6 +500,6 @@ COVERAGE = {
     "vit_cls_token_pos_table": (ViT, images, labels, False),
     "layer_scale_bare_parameters": (LayerScaleEncoder, ids, labels, False),
 }
-"""Idioms for the coverage table of docs/privacy.md (tests/test_privacy_zoo.py): name -> ``(model(sizes),
+"""Idioms for the coverage table of docs/privacy.md (tests/test_privacy.py): name -> ``(model(sizes),
 inputs(sizes, batch), targets(sizes, batch), mixes)``; ``mixes``: the model mixes the samples of a batch (no
 per-sample gradient exists: refusing is the only right answer)."""

@@ -12,7 +12,7 @@ from torch import nn
 from clbench.privacy import UnsupportedLayerError, fallback, per_sample_grad_norms
 from clbench.privacy.tape import Tape
 from tests._transformer_zoo import _Square
-from tests.test_privacy_norms import RTOL, ce, vmap_norms
+from tests.test_privacy_rules import RTOL, ce, vmap_norms
 
 pytestmark = pytest.mark.usefixtures("float64")
 

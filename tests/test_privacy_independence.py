@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from clbench.privacy import UnsupportedLayerError, per_sample_grad_norms
-from tests.test_privacy_dp import private_callback
-from tests.test_privacy_norms import ce
+from tests.test_privacy import private_callback
+from tests.test_privacy_rules import ce
 
 
 class Mixing(nn.Module):

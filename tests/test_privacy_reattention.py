@@ -28,7 +28,7 @@ from clbench.privacy.reattention import (
 from clbench.protocol import ClassificationInfo
 from clbench.runner import execute
 from clbench.suite_file import parse_suite
-from tests.test_privacy_norms import ce, vmap_norms
+from tests.test_privacy_rules import ce, vmap_norms
 
 
 def test_correction_equals_a_hand_computation():

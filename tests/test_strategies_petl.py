@@ -229,7 +229,7 @@ def test_private_full_finetuning_clips_every_backbone_weight_per_sample(scenario
     head and with the backbone alone (non-zero): no backbone weight is skipped by per-sample clipping. (After one
     experience: before it, the incremental head masks every class and all gradients are 0.)"""
     from clbench.privacy import per_sample_grad_norms
-    from tests.test_privacy_norms import RTOL, ce, vmap_norms
+    from tests.test_privacy_rules import RTOL, ce, vmap_norms
 
     strategy = _strategy("full_finetune", scenario, checkpoint, epochs=1)
     strategy.train(scenario.train_stream[0])

@@ -15,7 +15,7 @@ from clbench.privacy.rules import RULES
 from clbench.privacy.tape import Tape
 from clbench.strategies.petl import PETLClassifier
 from tests.test_petl import _randomize, _vit
-from tests.test_privacy_norms import RTOL, ce, vmap_norms
+from tests.test_privacy_rules import RTOL, ce, vmap_norms
 
 # every method with PETL modules; the controls (head_only, full_finetune: no module, the copy of the backbone made by
 # PETLViT.new_set) are checked against vmap in tests/test_strategies_petl.py

@@ -1,7 +1,7 @@
-"""The privacy accounting glue, fast (no training): budgets refused with their exact messages, δ = 1/n by default,
-σ calibrated and ε reported as opacus computes them, Poisson batches (rates, sizes, seeds), the private step's
-clipped and noised gradient against a naive per-sample clip-and-sum with the exact seeded noise, and the ledger of
-training calls (files written per member, read back, the run's ε the largest of its calls)."""
+"""The private step (:mod:`clbench.privacy.step`), the ``dp`` callback, fast (no training): δ = 1/n by default, each
+training call calibrated at its rate and steps, the clipped and noised gradient against a naive per-sample clip-and-
+sum with the exact seeded noise, the first-step invariant, and the ledger of training calls (files written per
+member, read back, the run's ε the largest of its calls)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,19 @@ import dataclasses
 import json
 import math
 import re
-import sys
-import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
 from clbench.callbacks import CallbackContext
-from clbench.petl import METHODS
 from clbench.privacy import step
 from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
 from clbench.privacy.reattention import ErrorPrior, ErrorTracking
 from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
-from clbench.privacy.step import DPConfig, PrivateTraining, TrainingCall, check_private_strategy
-from clbench.registry import STRATEGIES, load_plugins
+from clbench.privacy.step import PrivateTraining, TrainingCall
 
 
 @pytest.fixture(autouse=True)
@@ -45,230 +39,6 @@ def _exact(message: str) -> str:
 
 def _refused(message: str):
     return pytest.raises(PrivacyBudgetError, match=_exact(message))
-
-
-# ------------------------------------------------------------------------------------------------ budgets
-@pytest.mark.parametrize("config, message", [
-    ({}, "dp: give exactly one of epsilon (a target budget; the noise is calibrated) or noise_multiplier (sigma; "
-         "epsilon is then reported)."),
-    ({"epsilon": 3.0, "noise_multiplier": 1.0}, "dp: give exactly one of epsilon (a target budget; the noise is "
-                                                "calibrated) or noise_multiplier (sigma; epsilon is then reported)."),
-    ({"epsilon": 0.0}, "dp: epsilon must be a finite number > 0, got 0.0."),
-    ({"epsilon": -1.0}, "dp: epsilon must be a finite number > 0, got -1.0."),
-    ({"epsilon": math.inf}, "dp: epsilon must be a finite number > 0, got inf."),
-    ({"epsilon": math.nan}, "dp: epsilon must be a finite number > 0, got nan."),
-    ({"noise_multiplier": 0.0}, "dp: noise_multiplier must be a finite number > 0, got 0.0."),
-    ({"noise_multiplier": math.inf}, "dp: noise_multiplier must be a finite number > 0, got inf."),
-    ({"noise_multiplier": math.nan}, "dp: noise_multiplier must be a finite number > 0, got nan."),
-    ({"epsilon": 3.0, "delta": 0.0}, "dp: delta must lie in (0, 1) (default 1/n), got 0.0."),
-    ({"epsilon": 3.0, "delta": 1.0}, "dp: delta must lie in (0, 1) (default 1/n), got 1.0."),
-    ({"epsilon": 3.0, "delta": 1.5}, "dp: delta must lie in (0, 1) (default 1/n), got 1.5."),
-    ({"epsilon": 3.0, "clip": 0.0}, "dp: clip (the clipping norm R) must be > 0, got 0.0."),
-    ({"epsilon": 3.0, "clip": math.inf}, "dp: clip (the clipping norm R) must be > 0, got inf."),
-    ({"epsilon": 3.0, "clipping": "adaptive"}, "dp: clipping must be one of ['automatic', 'flat'], got 'adaptive'."),
-    ({"epsilon": 3.0, "gamma": 0.0}, "dp: gamma (automatic clipping) must be > 0, got 0.0."),
-    ({"epsilon": 3.0, "gamma": -0.5}, "dp: gamma (automatic clipping) must be > 0, got -0.5."),
-])
-def test_unusable_budgets_are_refused_with_the_exact_message(config, message):
-    """Each refused budget (ε or σ missing or both, ε/σ not finite or ≤ 0, δ outside (0, 1), R ≤ 0 or infinite,
-    unknown clipping, γ ≤ 0) raises the one line that says what to change; catches a weakened bound or an
-    altered message."""
-    with _refused(message):
-        DPConfig(**config)
-
-
-@pytest.mark.parametrize("config", [
-    {"epsilon": 0.5}, {"noise_multiplier": 0.5}, {"epsilon": 3.0, "delta": 0.5}, {"epsilon": 3.0, "delta": 1e-9},
-    {"epsilon": 3.0, "delta": 0.999}, {"epsilon": 3.0, "clip": 0.5}, {"epsilon": 3.0, "gamma": 0.5},
-    {"epsilon": 3.0, "clipping": "automatic"},
-])
-def test_usable_budgets_near_the_bounds_are_accepted(config):
-    """Values just inside each bound (ε, σ, R, γ in (0, 1); δ near 0 and 1; automatic clipping) pass; catches a
-    bound tightened to ≥ 1 or a closed interval."""
-    assert DPConfig(**config) == DPConfig(**{**{"epsilon": None}, **config})
-
-
-def test_dp_arguments_reach_the_budget_in_order_with_the_documented_defaults():
-    """``dp`` callback arguments map to DPConfig fields one to one, defaults R = 1, flat clipping, γ = 0.01, δ and σ
-    unset; catches a swapped argument or a changed default."""
-    assert PrivateTraining(epsilon=3.0).config == DPConfig(epsilon=3.0, delta=None, clip=1.0, clipping="flat",
-                                                           noise_multiplier=None, gamma=0.01)
-    assert PrivateTraining(None, 1e-4, 2.0, "automatic", 1.5, 0.5).config == DPConfig(
-        epsilon=None, delta=1e-4, clip=2.0, clipping="automatic", noise_multiplier=1.5, gamma=0.5)
-
-
-def test_strategies_that_reuse_samples_are_refused_and_private_ones_accepted():
-    """The strategies whose class declares ``private = True`` (the contract's attribute): the seven built-in ones
-    and every PETL method's shared and ``_merge`` strategies, not ``_per_task`` (noise-free prototypes); replay and
-    a per-task PETL strategy are refused with the exact line listing them; each listed one is accepted; catches an
-    inverted check, a missing or extra declaration or an altered message."""
-    load_plugins()
-    petl = {method + variant for method in METHODS.names() for variant in ("", "_merge")}
-    expected = sorted({"model_soup", "naive", "nlft", "seqrec", "sisa", "taft", "taft_shards"} | petl)
-    assert sorted(n for n in STRATEGIES.names() if STRATEGIES.get(n).private) == expected
-    assert STRATEGIES.get("lora_per_task").private is False
-    for name in expected:
-        check_private_strategy(name)
-    for name in ("replay", "lora_per_task"):
-        with _refused(f"dp: strategy {name!r} is not known to use each sample in one training call only, so its "
-                      f"epsilon cannot be accounted; private strategies: {', '.join(expected)}."):
-            check_private_strategy(name)
-
-
-# ------------------------------------------------------------------------------------------------ accountant
-def test_epsilon_of_a_history_is_opacus_rdp_composition():
-    """ε of two composed (σ, q, steps) calls equals opacus's RDPAccountant stepped through the same calls (ints and
-    tensors accepted as numbers); catches a dropped call, swapped fields or a wrong δ."""
-    reference = RDPAccountant()
-    for sigma, q, steps in [(0.9, 0.01, 300), (1.4, 0.05, 40)]:
-        for _ in range(steps):
-            reference.step(noise_multiplier=sigma, sample_rate=q)
-    f64 = torch.float64
-    history = [(torch.tensor(0.9, dtype=f64), 0.01, 300), (1.4, torch.tensor(0.05, dtype=f64), torch.tensor(40))]
-    assert epsilon(history, 1e-5) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
-    assert epsilon(history, 1e-3) < epsilon(history, 1e-5)
-
-
-def test_noise_multiplier_is_opacus_calibration_and_meets_the_budget():
-    """σ for (ε = 3, δ = 1e-5, q = 0.01, 1000 steps) is opacus's RDP search result (0.8655 in STACK_NOTES) and its
-    ε lands within opacus's tolerance below the target; catches another accountant or a rounded σ."""
-    sigma = noise_multiplier(3.0, 1e-5, 0.01, 1000)
-    assert sigma == get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=0.01, steps=1000,
-                                         accountant="rdp")
-    assert sigma == pytest.approx(0.8655, abs=1e-3)
-    assert 2.98 < epsilon([(sigma, 0.01, 1000)], 1e-5) <= 3.0
-
-
-def test_an_unreachable_epsilon_is_refused_naming_the_schedule():
-    """No σ reaches ε = 1e-9: the refusal names ε, δ, steps and rate and says what to change."""
-    with pytest.raises(PrivacyBudgetError, match=re.escape(
-            "dp: no noise multiplier reaches epsilon=1e-09 at delta=1e-05 for 50 steps at sampling rate 0.1 "
-            "(opacus: ") + ".+" + re.escape("); raise epsilon or train fewer steps.")):
-        noise_multiplier(1e-9, 1e-5, 0.1, 50)
-
-
-def test_a_release_beside_the_steps_is_composed_into_the_calibration_or_refused_when_it_spends_the_budget():
-    """A Gaussian release (σ_f = 3, q = 1, one step) of the same data beside ε = 3, δ = 1e-5, q = 0.01, 1000 steps:
-    the composition's ε lands within the 0.01 tolerance below the budget, with a larger σ than without the
-    release; a release that alone spends ε = 1 is refused with the exact line; catches a release left out of the
-    calibration, a search that overshoots the budget or stops far below it."""
-    releases = ((3.0, 1.0, 1),)
-    sigma = noise_multiplier(3.0, 1e-5, 0.01, 1000, releases)
-    assert 2.99 <= epsilon([(sigma, 0.01, 1000), *releases], 1e-5) <= 3.0
-    assert sigma > noise_multiplier(3.0, 1e-5, 0.01, 1000)
-    two = ((3.0, 1.0, 1), (4.5, 1.0, 1))
-    alone = epsilon(two, 1e-5)
-    assert 1.0 < alone < 3.0
-    with _refused(f"dp: the mechanisms already applied to this data (released statistics, earlier training calls "
-                  f"on the same samples; noise multipliers 3, 4.5) alone spend epsilon={alone:.3g} of the budget 1.0 "
-                  f"at delta=1e-05; give them more noise or raise epsilon."):
-        noise_multiplier(1.0, 1e-5, 0.01, 1000, two)
-
-
-def test_applied_mechanisms_that_spend_exactly_the_budget_are_refused_as_such(monkeypatch):
-    """ε already spent = the budget: refused as spent (the search would have nothing left to find)."""
-    from clbench.privacy import accountant
-
-    monkeypatch.setattr(accountant, "epsilon", lambda history, delta: 1.0)
-    with _refused("dp: the mechanisms already applied to this data (released statistics, earlier training calls on "
-                  "the same samples; noise multipliers 3) alone spend epsilon=1 of the budget 1.0 at delta=1e-05; "
-                  "give them more noise or raise epsilon."):
-        noise_multiplier(1.0, 1e-5, 0.1, 50, ((3.0, 1.0, 1),))
-
-
-def test_the_composed_search_keeps_the_accountants_order_warning_to_itself():
-    """At ε = 100 the search probes σ where opacus warns "Optimal order is the smallest alpha"; the search
-    silences it (the run's reported ε still warns), so no warning escapes; catches a filter that no longer matches."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        sigma = noise_multiplier(100.0, 1e-5, 0.1, 50, ((3.0, 1.0, 1),))
-    assert 0.2 < sigma < 0.4
-
-
-def test_the_composed_search_brackets_sigma_above_its_first_guess():
-    """A tight budget (ε = 0.5 for 100 steps at q = 0.5, beside a release σ_f = 60 that spends ε ≈ 0.11) needs
-    σ > 10, the search's first upper bound: it doubles the bracket and still lands within the tolerance; catches a
-    search that stops at its first bracket."""
-    releases = ((60.0, 1.0, 1),)
-    sigma = noise_multiplier(0.5, 1e-5, 0.5, 100, releases)
-    assert sigma > 20
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert 0.49 <= epsilon([(sigma, 0.5, 100), *releases], 1e-5) <= 0.5
-
-
-def test_a_composed_budget_no_sigma_reaches_is_refused_instead_of_searching_forever(monkeypatch):
-    """If even σ = 10·2^64 left the composition above the budget (an accountant that never falls below it), the
-    search stops with the exact line instead of doubling forever; catches an unbounded or silent search."""
-    from clbench.privacy import accountant
-
-    monkeypatch.setattr(accountant, "epsilon", lambda history, delta: 0.5 if len(history) == 1 else 2.0)
-    with _refused(f"dp: no noise multiplier up to {10 * 2.0**64:g} reaches epsilon=1.0 at delta=1e-05 for 50 steps "
-                  f"at sampling rate 0.1 beside the mechanisms already applied (epsilon=0.5); raise epsilon."):
-        noise_multiplier(1.0, 1e-5, 0.1, 50, ((3.0, 1.0, 1),))
-
-
-def test_without_opacus_the_accountant_says_which_extra_to_install(monkeypatch):
-    """opacus missing: the exact line naming the dp extra (not an ImportError from deep inside)."""
-    monkeypatch.setitem(sys.modules, "opacus.accountants.utils", None)
-    with _refused("dp: private training needs opacus for its accountant; install the dp extra: "
-                  "pip install 'clbench[dp]'."):
-        epsilon([(1.0, 0.1, 10)], 1e-5)
-
-
-# ------------------------------------------------------------------------------------------------ Poisson sampling
-@pytest.mark.parametrize("n, batch_size, rate, steps", [(10, 4, 0.4, 3), (12, 4, 1 / 3, 3), (5, 8, 1.0, 1),
-                                                         (1, 1, 1.0, 1)])
-def test_poisson_plan_rate_and_steps_per_epoch(n, batch_size, rate, steps):
-    """q = min(1, b/n) and ⌈n/b⌉ steps per epoch (computed by hand); catches a rate above 1 or a floored count."""
-    plan = PoissonPlan.for_batch_size(n, batch_size)
-    assert (plan.n, plan.sample_rate, plan.steps_per_epoch) == (n, pytest.approx(rate, rel=1e-15), steps)
-
-
-@pytest.mark.parametrize("n, batch_size", [(0, 4), (4, 0), (-1, -1)])
-def test_poisson_plan_refuses_empty_data_or_batches(n, batch_size):
-    """n < 1 or b < 1: the exact line with both values; catches a weakened check."""
-    with pytest.raises(ValueError, match=_exact(f"Poisson sampling needs n >= 1 and batch_size >= 1, got n={n}, "
-                                                f"batch_size={batch_size}")):
-        PoissonPlan.for_batch_size(n, batch_size)
-
-
-def test_poisson_draws_take_each_sample_whose_uniform_is_below_the_rate():
-    """One uniform per sample per step from the loop's generator, the sample taken when it is below q (the
-    Bernoulli(q) draw the accountant assumes): the batches are reproducible from the seed; catches another
-    stream, a step too many or too few, or indices of the samples left out."""
-    plan = PoissonPlan(n=8, sample_rate=0.4, steps_per_epoch=5)
-    uniforms = torch.rand(5, 8, generator=torch.Generator().manual_seed(4))
-    expected = [[i for i in range(8) if u[i] < 0.4] for u in uniforms]
-    assert all(expected)                                 # no empty step for this seed
-    assert [b.tolist() for b in plan(torch.Generator().manual_seed(4))] == expected
-
-
-def test_a_sample_whose_uniform_equals_the_rate_is_left_out():
-    """Strict ``u < q``: with q set to exactly the float32 uniform drawn for sample 3 (uniforms lie on the grid
-    k·2⁻²⁴, so a tie has probability 2⁻²⁴ per draw, not 0), sample 3 is not taken, so P(taken) = q exactly for a q
-    on the grid; catches ``<=`` (which takes it, P = q + 2⁻²⁴)."""
-    uniforms = torch.rand(6, generator=torch.Generator().manual_seed(2))
-    rate = float(uniforms[3])
-    expected = [i for i in range(6) if uniforms[i] < uniforms[3]]
-    assert 3 not in expected and len(expected) not in (0, 5)     # a tie that decides, not an all-or-nothing draw
-    (batch,) = PoissonPlan(6, rate, 1)(torch.Generator().manual_seed(2))
-    assert batch.tolist() == expected
-
-
-def test_poisson_draws_skip_empty_steps_and_take_everything_at_rate_one():
-    """q = 0 gives no batch at all (empty draws are skipped, not yielded); q = 1 gives every sample each step."""
-    assert list(PoissonPlan(4, 0.0, 3)(torch.Generator().manual_seed(0))) == []
-    assert [b.tolist() for b in PoissonPlan(4, 1.0, 3)(torch.Generator().manual_seed(0))] == [[0, 1, 2, 3]] * 3
-
-
-def test_poisson_batch_sizes_average_the_expected_batch():
-    """Sizes vary (Binomial) and average b: over 200 steps of n = 1000, q = 0.05, the mean is 50 ± 1.5 (4 standard
-    errors of sqrt(1000·0.05·0.95/200) = 0.35)."""
-    plan = PoissonPlan.for_batch_size(1000, 50)
-    generator = torch.Generator().manual_seed(0)
-    sizes = [len(b) for _ in range(10) for b in plan(generator)]
-    assert len(sizes) == 200 and len(set(sizes)) > 5 and abs(sum(sizes) / 200 - 50) < 1.5
 
 
 # ------------------------------------------------------------------------------------------------ the dp callback
@@ -292,6 +62,62 @@ def _callback(model, n_train=100, run_id="r", member="", artifacts=None, **confi
     callback.setup(CallbackContext(run_id=run_id, artifacts=artifacts, modules=lambda: {"m": model}, member=member,
                                    n_train=n_train))
     return callback
+
+
+def _naive(model, x, y, clip, clipping, gamma):
+    """Per-sample gradients by one backward per sample: their norms and the clipped sum Σ_i C_i g_i."""
+    params = [p for p in model.parameters() if p.requires_grad and p is not model.unused.weight
+              and p is not model.unused.bias]
+    grads = [torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]), params) for i in range(len(x))]
+    norms = torch.stack([torch.sqrt(sum(g.square().sum() for g in gi)) for gi in grads])
+    factors = (clip / (norms + 1e-6)).clamp(max=1.0) if clipping == "flat" else clip / (norms + gamma)
+    return params, norms, [sum(factors[i] * grads[i][k] for i in range(len(x))) for k in range(len(params))]
+
+
+class Slipping(nn.Module):
+    """An nn.Linear whose weight is used a second time in ``einsum`` outside its forward: its hooks fire and every
+    parameter gets a gradient, but the rules explain half of the weight's gradient (only the first-step invariant
+    sees it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3).double()
+
+    def forward(self, x):
+        return self.lin(x) + torch.einsum("bi,oi->bo", x, self.lin.weight)
+
+
+def _step(callback, model, x, y) -> None:
+    """One training step as clbench.training.fit makes it: batch start, forward, after_forward, backward,
+    after_backward."""
+    model.zero_grad()
+    callback.on_batch_start(x, y)
+    loss = F.cross_entropy(model(x), y)
+    callback.after_forward(loss)
+    loss.backward()
+    callback.after_backward(model)
+
+
+XY = (torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3)), torch.tensor([0, 1, 2, 0, 1]))
+
+
+def _call(sigma, q, steps, member="", **kw):
+    return TrainingCall(n=100, batch_size=int(q * 100), epochs=1, sample_rate=q, steps=steps, sigma=sigma,
+                        member=member, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ Re-Attention prior
+class Tracking(nn.Module):
+    """Implements :class:`ErrorTracking` (no parameters, no training): records every prior it is handed."""
+
+    def __init__(self, prior: ErrorPrior | None) -> None:
+        super().__init__()
+        self.error_prior, self.given = prior, []
+
+    def set_error_prior(self, prior: ErrorPrior | None) -> None:
+        self.given.append(prior)
+        self.error_prior = prior
 
 
 def test_default_delta_is_one_over_the_stream_size_and_needs_it():
@@ -338,16 +164,6 @@ def test_a_given_noise_multiplier_is_used_as_is_and_batches_are_poisson_draws_fr
     assert noise.initial_seed() == seed
     assert [b.tolist() for b in plan(loop)] == [b.tolist() for b in reference(mirror)]
     assert callback.noise is noise
-
-
-def _naive(model, x, y, clip, clipping, gamma):
-    """Per-sample gradients by one backward per sample: their norms and the clipped sum Σ_i C_i g_i."""
-    params = [p for p in model.parameters() if p.requires_grad and p is not model.unused.weight
-              and p is not model.unused.bias]
-    grads = [torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]), params) for i in range(len(x))]
-    norms = torch.stack([torch.sqrt(sum(g.square().sum() for g in gi)) for gi in grads])
-    factors = (clip / (norms + 1e-6)).clamp(max=1.0) if clipping == "flat" else clip / (norms + gamma)
-    return params, norms, [sum(factors[i] * grads[i][k] for i in range(len(x))) for k in range(len(params))]
 
 
 @pytest.mark.parametrize("clipping, gamma", [("flat", 0.01), ("automatic", 0.3)])
@@ -432,34 +248,6 @@ def test_a_loop_that_does_not_ask_for_its_batches_is_refused():
             "cannot draw Poisson batches; use clbench.training.fit or an Avalanche template bridged with "
             "clbench.callbacks.bridge.")):
         callback.on_batch_start(torch.zeros(3, 2), torch.zeros(3))
-
-
-class Slipping(nn.Module):
-    """An nn.Linear whose weight is used a second time in ``einsum`` outside its forward: its hooks fire and every
-    parameter gets a gradient, but the rules explain half of the weight's gradient (only the first-step invariant
-    sees it)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = nn.Linear(4, 3).double()
-
-    def forward(self, x):
-        return self.lin(x) + torch.einsum("bi,oi->bo", x, self.lin.weight)
-
-
-def _step(callback, model, x, y) -> None:
-    """One training step as clbench.training.fit makes it: batch start, forward, after_forward, backward,
-    after_backward."""
-    model.zero_grad()
-    callback.on_batch_start(x, y)
-    loss = F.cross_entropy(model(x), y)
-    callback.after_forward(loss)
-    loss.backward()
-    callback.after_backward(model)
-
-
-XY = (torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3)), torch.tensor([0, 1, 2, 0, 1]))
 
 
 def test_each_training_calls_first_step_refuses_a_gradient_the_rules_do_not_explain():
@@ -559,11 +347,6 @@ def test_the_run_process_starts_a_fresh_ledger_and_members_keep_it(tmp_path):
     assert step.LEDGER["r"] == {} and sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
     _callback(None, run_id="other")                     # no artifacts folder: nothing to delete
     assert step.LEDGER["other"] == {}
-
-
-def _call(sigma, q, steps, member="", **kw):
-    return TrainingCall(n=100, batch_size=int(q * 100), epochs=1, sample_rate=q, steps=steps, sigma=sigma,
-                        member=member, **kw)
 
 
 def test_close_writes_this_process_calls_per_member_and_the_run_reads_them_back(tmp_path):
@@ -720,19 +503,6 @@ def test_before_any_training_call_the_callback_holds_no_call_and_no_batch():
     last batch size is 0; catches a non-None initial call or a batch size other than 0."""
     callback = PrivateTraining(noise_multiplier=1.0)
     assert callback.call is None and callback.batch == 0 and callback.tape is None and callback.noise is None
-
-
-# ------------------------------------------------------------------------------------------------ Re-Attention prior
-class Tracking(nn.Module):
-    """Implements :class:`ErrorTracking` (no parameters, no training): records every prior it is handed."""
-
-    def __init__(self, prior: ErrorPrior | None) -> None:
-        super().__init__()
-        self.error_prior, self.given = prior, []
-
-    def set_error_prior(self, prior: ErrorPrior | None) -> None:
-        self.given.append(prior)
-        self.error_prior = prior
 
 
 def test_each_training_call_hands_its_noise_to_every_module_holding_an_error_prior():
