@@ -1,8 +1,8 @@
 """Time from start to the refusal line for malformed suite files (issue #37: at most 1 s on a quiet machine).
 
-Each file of :data:`tests.test_load_checks.MALFORMED` (a duplicated key, an unknown key, strategy, scenario or
+Each file of :data:`tests.test_suite_file.MALFORMED` (a duplicated key, an unknown key, strategy, scenario or
 callback, a ``dp:`` that is not a mapping, an entry given twice, a label that cannot be a file name, a negative
-seed, text that is not YAML, nesting past the limit) and of :data:`tests.test_load_checks.VALUES`, whose mistake is
+seed, text that is not YAML, nesting past the limit) and of :data:`tests.test_suite_file.VALUES`, whose mistake is
 in a VALUE that only the strategy's ``Config`` or the scenario's sizes know (``epochs: -1``, ``mem_size`` above the
 stream, an optimizer the Config does not offer, a dp budget out of range or that no noise reaches, ViT heads or
 patches that do not divide the width or the image): ``python -m clbench --suite FILE`` runs in a fresh process, timed
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clbench.files import locked_folder  # noqa: E402
-from tests.test_load_checks import MALFORMED, VALUES  # noqa: E402 - the test's files, one list
+from tests.test_suite_file import MALFORMED, VALUES  # noqa: E402 - the test's files, one list
 from tests.test_preflight import command_line_cases, dataset_case  # noqa: E402
 
 PLUGIN = """from clbench.registry import STRATEGIES

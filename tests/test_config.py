@@ -485,3 +485,22 @@ def test_with_scenario_paths_replaces_init_at_any_depth_and_nothing_else():
                                                                                     "name": "{scenario}"}}
     plain = config.build_config("naive", "cpu", {})
     assert config.with_scenario_paths(plain, "x") is plain
+
+
+def test_file_hash_is_the_files_sha256_and_follows_its_changes(tmp_path):
+    import hashlib
+    import os
+
+    from clbench.config import file_hash
+
+    path = tmp_path / "w.pt"
+    assert file_hash(path) == "missing"
+    path.write_bytes(b"a" * 3_000_000)          # more than one block of the reader
+    assert file_hash(path) == hashlib.sha256(b"a" * 3_000_000).hexdigest()[:16]
+    assert file_hash(str(path)) == file_hash(path)
+    path.write_bytes(b"b")
+    assert file_hash(path) == hashlib.sha256(b"b").hexdigest()[:16]
+    other = tmp_path / "v.pt"                   # same size and time, other bytes: the cache is by path too
+    other.write_bytes(b"c")
+    os.utime(other, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    assert file_hash(other) == hashlib.sha256(b"c").hexdigest()[:16]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from clbench.data import ChecksumMismatch, DatasetNotFound
+from clbench.registry import SCENARIOS
 from clbench.scenarios.movielens import movielens_seqrec, read_interactions, sequences_scenario, user_sequences
 
 # user, item, rating, timestamp -- in file order. User 1 rates items 10 and 12 at the same time (file order: 10 first).
@@ -111,3 +112,16 @@ def test_real_movielens_counts():
     assert targets + tests + 943 == 100_000                          # each interaction: target, test or first
     assert all(torch.equal(e.dataset.x[:, -1] > 0, torch.ones(len(e.dataset), dtype=torch.bool))
                for e in three.test_stream)                           # every test user has history
+
+
+def test_the_sequence_scenarios_refuse_in_python_what_the_loader_refuses():
+    from clbench.scenarios.movielens import check_sequence_args
+
+    for args in ({"n_experiences": 50_001}, {"holdout": "train"}, {"max_len": 0}):
+        with pytest.raises(ValueError):
+            SCENARIOS.get("movielens_seqrec")(**args)
+        with pytest.raises(ValueError):
+            check_sequence_args(interactions=100_000, **args)
+    check_sequence_args(interactions=100_000, n_experiences=50_000)
+    with pytest.raises(ValueError, match="one experience only"):
+        SCENARIOS.get("games_seqrec")(n_experiences=2)

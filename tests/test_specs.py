@@ -375,3 +375,48 @@ def test_adding_or_removing_a_logger_resumes_the_finished_run(tiny_suite, tmp_pa
         assert (record.stat().st_mtime_ns, record.read_text()) == (stamp, text)
     assert not (out / "artifacts" / "synthetic__naive__s0" / "tensorboard").exists()
     assert len(pd.read_csv(out / "leaderboard.csv")) == 1
+
+
+def test_the_identity_holds_each_checkpoints_hash_under_its_dotted_field(tmp_path):
+    import dataclasses
+
+    from clbench.config import build_config, checkpoint_paths, file_hash
+    from clbench.specs import RunSpec, ScenarioEntry, StrategyEntry
+
+    (tmp_path / "w_synthetic.pt").write_bytes(b"weights")
+    init = str(tmp_path / "w_{scenario}.pt")
+    spec = RunSpec("s", ScenarioEntry("synthetic"), StrategyEntry("naive", {"init": init}, preset="cpu"), 0)
+    expected = {"init": file_hash(tmp_path / "w_synthetic.pt")}
+    assert spec.identity()["checkpoints"] == expected and len(expected["init"]) == 16
+    assert "checkpoints" not in dataclasses.replace(spec, strategy=StrategyEntry("naive", preset="cpu")).identity()
+    assert checkpoint_paths({"init": "", "model_args": {"init": init, "x": 1}, "lr": 0.1}, "syn") == {
+        "model_args.init": str(tmp_path / "w_syn.pt")}
+    given = build_config("naive", "cpu", {"lr": 0.5})        # the caller's Config is the one the identity holds
+    assert spec.identity(config=given)["strategy"]["resolved"]["lr"] == 0.5
+    assert spec.identity()["strategy"]["resolved"]["lr"] != 0.5
+
+
+def test_seeds_are_distinct_integers_up_to_numpys_limit():
+    from clbench.specs import MAX_SEED, check_seeds
+
+    check_seeds("w", [0, MAX_SEED])
+    for seeds in ([MAX_SEED + 1], [-1], [True], [], 3):
+        with pytest.raises(ConfigError, match=r"^w: 'seeds' must be a non-empty list of integers from 0 to 2\*\*32"):
+            check_seeds("w", seeds)
+    for seeds in ([3, 1, 3], [2, 2, 2]):
+        with pytest.raises(ConfigError) as info:
+            check_seeds("w", seeds)
+        assert str(info.value) == (f"w: seed {seeds[0]} appears twice in 'seeds'; each seed is one run, list it "
+                                   f"once.")
+
+
+def test_a_callback_factory_that_does_not_declare_observer_is_part_of_the_run_identity(monkeypatch):
+    """Only ``observer = True`` leaves a callback out of the identity: a plain factory (a plugin's function) without
+    the attribute shapes the run as far as resume can tell."""
+    from clbench import registry, specs
+
+    monkeypatch.setattr(registry.CALLBACKS, "_entries", {**registry.CALLBACKS._entries})
+    monkeypatch.setattr(registry.CALLBACKS, "origins", {**registry.CALLBACKS.origins})
+    registry.CALLBACKS.register("plain_factory")(lambda **kwargs: None)
+    entries = ({"name": "plain_factory", "args": {}}, {"name": "hook_trace", "args": {}})
+    assert specs.identity_callbacks(entries) == entries[:1]

@@ -17,10 +17,12 @@ import inspect
 import math
 import typing
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import pytest
 import torch
 
+from clbench import typecheck
 from clbench.config import build_config
 from clbench.errors import ConfigError
 from clbench.protocol import NEXT_ITEM, ParamCount, PrivateNeed, StrategyBase
@@ -207,3 +209,181 @@ def test_a_config_built_in_python_gets_the_same_checks(values, message):
     with pytest.raises(ValueError) as info:
         EchoConfig(**values)
     assert str(info.value).startswith(message)
+
+
+def test_parameter_declarations_read_annotated_ranges_and_declarations():
+    def factory(*, a: Annotated[int, typecheck.AT_LEAST_1] = 1, b: int = 0,
+                c: Annotated[str, typecheck.Declared(choices=("x", "y"))] = "x") -> None: ...
+
+    declared = typecheck.parameter_declarations(factory)
+    assert declared == {"a": typecheck.Declared(within=typecheck.AT_LEAST_1),
+                        "c": typecheck.Declared(choices=("x", "y"))}
+    with pytest.raises(typecheck.TypeMismatch, match="c: unknown c 'z'"):
+        typecheck.check_values({"c": "z"}, {"c": str}, declared=declared)
+    assert typecheck.check_values({"b": -3}, {"b": int}, declared=declared) == {"b": -3}   # generic rule only
+
+
+# ------------------------------------------------------------------ the loader's building blocks (mutation testing)
+@pytest.mark.parametrize(("allowed", "text"), [
+    (typecheck.Range(), "any finite number"), (typecheck.Range(high=2), "<= 2"),
+    (typecheck.Range(high=2, open_high=True), "< 2"), (typecheck.Range(1), ">= 1"),
+    (typecheck.Range(0, open_low=True), "> 0"), (typecheck.Range(0, 1), "in [0, 1]"),
+    (typecheck.Range(0, 1, open_low=True, open_high=True), "in (0, 1)"),
+    (typecheck.Range(0, 1, open_high=True), "in [0, 1)"), (typecheck.Range(0.5, 1e6, open_low=True), "in (0.5, 1e+06]"),
+])
+def test_a_range_reads_as_the_interval_it_checks(allowed, text):
+    assert str(allowed) == text
+
+
+@pytest.mark.parametrize(("value", "tp", "expected"), [
+    ([1, "2"], tuple, (1, "2")),
+    ([1, "2"], tuple[int, ...], (1, 2)),
+    ([1, 2.0], tuple[int, int], (1, 2)),
+    ([], tuple[int, ...], ()),
+    ([1, "x"], list, [1, "x"]),
+])
+def test_tuples_and_lists_are_coerced_item_by_item(value, tp, expected):
+    out = typecheck.coerce(value, tp, "k")
+    assert out == expected and type(out) is type(expected)
+
+
+@pytest.mark.parametrize(("value", "tp", "message"), [
+    ([1, 2, 3], tuple[int, int], "k: expected 2 items, got 3: [1, 2, 3]"),
+    ([1], tuple[int, int], "k: expected 2 items, got 1: [1]"),
+    ([1, 1.5], tuple[int, ...], "k[1]: expected an int, got 1.5"),
+])
+def test_a_tuple_of_the_wrong_length_or_items_is_refused_naming_the_item(value, tp, message):
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(value, tp, "k")
+    assert str(info.value) == message
+
+
+def test_setting_makes_a_dataclass_field_with_its_declaration():
+    import dataclasses
+
+    need = typecheck.only_with("mode", "a")
+
+    @dataclasses.dataclass
+    class Config:
+        mode: str = "b"
+        size: int = typecheck.setting(3, within=typecheck.AT_LEAST_1, at_most="train_samples")
+        tags: list = typecheck.setting(default_factory=lambda: ["x"], choices=("x", "y"), only_with=need)
+
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    assert Config() == Config("b", 3, ["x"]) and Config().tags is not Config().tags
+    assert fields["size"].metadata["clbench"] == typecheck.Declared(typecheck.AT_LEAST_1, None, None, "train_samples")
+    assert fields["tags"].metadata["clbench"] == typecheck.Declared(None, ("x", "y"), need, None)
+    declared = typecheck.declarations(Config)
+    assert declared["mode"] is typecheck.NOTHING_DECLARED
+    assert declared["size"].bound_for("size") == "train_samples" and declared["tags"].bound_for("tags") is None
+    assert declared["mode"].bound_for("mem_size") == "train_samples"
+    assert need.test("a") and not need.test("b") and need.wanted == "a" and need.example == "a"
+
+
+def test_only_with_reads_a_boolean_as_yaml_writes_it():
+    flag, mode = typecheck.only_with("flag", True), typecheck.only_with("mode", "Sgd")
+    assert (flag.other, flag.wanted, flag.example) == ("flag", "true", True) and flag.test(True) and not flag.test(1.5)
+    assert (mode.wanted, mode.example) == ("Sgd", "Sgd") and mode.test("Sgd") and not mode.test("sgd")
+
+
+@pytest.mark.parametrize(("tp", "value", "message"), [
+    (int, "x", "k: expected an int, got 'x'"),
+    (float, [], "k: expected a float, got []"),
+    (int | None, "x", "k: expected int or None, got 'x'"),
+    (type(None), 1, "k: expected None, got 1"),
+    (tuple[int, ...], 3, "k: expected a tuple[int, ...], got 3"),
+    (dict[str, int], 3, "k: expected a dict[str, int], got 3"),
+    (typing.Literal["a", "b"] | None, 3, "k: expected 'a' or 'b' or None, got 3"),
+])
+def test_a_value_of_the_wrong_type_is_refused_naming_the_type(tp, value, message):
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(value, tp, "k")
+    assert str(info.value) == message and info.value.key == "k"
+
+
+def test_in_a_union_the_member_a_container_already_has_wins():
+    out = typecheck.coerce([1], tuple[float, ...] | tuple[int, ...], "k")
+    assert out == (1,) and type(out[0]) is int
+
+
+def test_type_names_drop_the_typing_prefix():
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(3, dict[str, typing.Any], "k")
+    assert str(info.value) == "k: expected a dict[str, Any], got 3"
+
+
+# ----------------------------------------------------------- the coercion rules, one by one (config group, 4628a59)
+@pytest.mark.parametrize(("value", "tp", "message"), [
+    ("c", Literal["a", "b"], "k: 'c' is not one of 'a', 'b'"),          # a string, but not one of the strings
+    (1, Literal[True], "k: 1 is not one of True"),                     # equal, but not of the literal's type
+    ({"a": "x"}, dict[str, int], "k.a: expected an int, got 'x'"),      # a value, named by its key
+    ({"x": "a"}, dict[int, str], "k['x']: expected an int, got 'x'"),   # a key, named in brackets
+])
+def test_a_literal_or_a_dict_entry_that_does_not_fit_is_refused_naming_it(value, tp, message):
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(value, tp, "k")
+    assert str(info.value) == message
+
+
+def test_dict_keys_and_values_are_coerced_to_their_own_types():
+    from collections.abc import Mapping
+
+    out = typecheck.coerce({"1": "a", 2.0: "b"}, dict[int, str], "k")
+    assert out == {1: "a", 2: "b"} and all(type(key) is int for key in out)
+    out = typecheck.coerce({"a": "1", "b": 2.0}, dict[str, int], "k")
+    assert out == {"a": 1, "b": 2} and all(type(value) is int for value in out.values())
+    out = typecheck.coerce({"a": 2.0}, Mapping[str, int], "k")
+    assert out == {"a": 2} and type(out["a"]) is int
+
+
+@pytest.mark.parametrize(("value", "tp", "expected"), [
+    ({"a": "1"}, dict[str, int] | dict[str, str], {"a": "1"}),       # the member that takes the dict as it is
+    ({"1": "a"}, dict[int, str] | dict[str, str], {"1": "a"}),       # ... its keys as they are, too
+    (["1"], tuple[int | None, ...] | tuple[str, ...], ("1",)),          # a union inside a member, strict too
+    ("1", int | str, "1"),                                              # a string stays one before it is parsed
+])
+def test_a_union_takes_the_first_member_that_needs_no_coercion_down_to_nested_members(value, tp, expected):
+    out = typecheck.coerce(value, tp, "k")
+    assert out == expected and type(out) is type(expected)        # {"a": 1}, (1,) and 1 are not equal to these
+
+
+def test_a_range_is_checked_on_every_number_of_a_list_and_its_rule_named_by_whose_it_is():
+    """The generic rule of a name (``lr > 0``) reads as the name's own; a Config number without a range of its own
+    or of its name gets :data:`~clbench.typecheck.UNDECLARED` with a hint to declare one."""
+    for value in (-1.0, [0.1, -1.0]):
+        with pytest.raises(typecheck.TypeMismatch) as info:
+            typecheck.check_range("lr", value, "k")
+        assert str(info.value) == "k: -1.0 is out of range: lr must be > 0"
+
+    @dataclasses.dataclass
+    class Config(typecheck.RangeChecked):
+        mode: str = typecheck.setting("a", choices=("a", "b"))
+        foo_count: int = 0
+        lr: float = 0.1
+
+    for values, message in [
+        ({"mode": "z"}, "mode: unknown mode 'z'. Choose one of: a, b."),
+        ({"foo_count": -1}, "foo_count: -1 is out of range: foo_count must be >= 0 (the rule of a Config number that "
+                            "declares no range; declare its own with clbench.typecheck.setting(default, "
+                            "within=Range(...)) beside the field)"),
+        ({"lr": -1.0}, "lr: -1.0 is out of range: lr must be > 0"),
+    ]:
+        with pytest.raises(typecheck.TypeMismatch) as info:
+            Config(**values)
+        assert str(info.value) == message
+
+
+def test_brief_keeps_a_repr_of_160_characters_and_cuts_a_longer_one_to_157_and_an_ellipsis():
+    exactly, longer = ["a" * 76, "b" * 76], ["a" * 76, "b" * 77]
+    assert len(repr(exactly)) == typecheck.BRIEF_LENGTH == 160
+    assert typecheck.brief(exactly) == repr(exactly)
+    assert typecheck.brief(longer) == repr(longer)[:157] + "..."
+
+
+def test_a_boolean_is_not_a_number_even_for_a_numeric_abstract_type():
+    import numbers
+
+    assert typecheck.coerce(2.5, numbers.Real, "k") == 2.5
+    with pytest.raises(typecheck.TypeMismatch) as info:
+        typecheck.coerce(True, numbers.Real, "k")
+    assert str(info.value) == "k: expected a Real, got True"

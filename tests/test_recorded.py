@@ -1,0 +1,203 @@
+"""The registries' index (:mod:`clbench.recorded`): what it records of each shipped strategy's Config and each
+scenario's sizes, what it cannot record, and when a record is stale."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Annotated, Literal
+
+import pytest
+
+from clbench import typecheck
+from clbench.registry import CALLBACKS, SCENARIOS, STRATEGIES
+
+
+class _Recorded:
+    """A strategy without PRESETS whose Config declares a range, a scenario bound, a Literal and an Any field."""
+
+    @dataclasses.dataclass
+    class Config:
+        lr: float = 0.1
+        mem_size: int = typecheck.setting(100, within=typecheck.Range(1), at_most="experience_samples")
+        mode: Literal["a", "b"] = "a"
+        anything: typing.Any = None
+
+
+def _sizes_kwargs(*, n_experiences: int = 5, **kwargs) -> dict:
+    return {}
+
+
+def _sizes_required(*, n_experiences: int, **_) -> dict:
+    return {}
+
+
+def _sizes_positional(n_experiences: int = 5, /, **_) -> dict:
+    return {}
+
+
+def _sizes_ok(*, n_experiences: int = 5, max_per_class: int | None = None, **_) -> dict:
+    return {}
+
+
+def test_every_shipped_strategy_scenario_and_callback_is_recorded_in_the_index():
+    """Shipped: registered by clbench's own modules (a test module imported earlier in the session, such as
+    tests._fakes, registers names the index rightly does not hold). Every scenario and callback has its keyword
+    parameters recorded; sizes only where the scenario declares them."""
+    from clbench.plugins import INDEX_FILE
+
+    def shipped(registry) -> set[str]:
+        return {n for n in registry.names() if registry.module_of(n).split(".")[0] == "clbench"}
+
+    modules = json.loads(INDEX_FILE.read_text())["modules"].values()
+    recorded = {kind: set().union(*(m.get("records", {}).get(kind, {}) for m in modules))
+                for kind in ("strategy", "scenario", "callback")}
+    assert recorded["strategy"] == shipped(STRATEGIES)
+    assert recorded["scenario"] == shipped(SCENARIOS) and recorded["callback"] == shipped(CALLBACKS)
+    sized = {n for m in modules for n, r in m.get("records", {}).get("scenario", {}).items() if "sizes" in r}
+    assert sized == {n for n in shipped(SCENARIOS) if getattr(SCENARIOS.get(n), "sizes", None)}
+
+
+@pytest.mark.parametrize("annotation, text", [
+    (Literal["a", 1, 2.5, True, None], "Literal['a', 1, 2.5, True, None]"), (typing.Any, "Any"),
+    (type(None), "None"), (int | None, "int | None"), (tuple[int, ...], "tuple[int, ...]"),
+    (dict[str, list[float]], "dict[str, list[float]]"), (Literal["x", "y"] | None, "Literal['x', 'y'] | None")])
+def test_an_annotation_is_recorded_as_text_that_reads_back_as_it(annotation, text):
+    from clbench import recorded
+
+    assert recorded.annotation_text(annotation) == text
+    assert recorded.parse_annotation(text) == annotation
+
+
+@pytest.mark.parametrize("annotation", [set[int], Literal[b"x"], typing.Callable],
+                         ids=["set", "literal_of_bytes", "callable"])
+def test_an_annotation_the_index_cannot_write_is_unrecordable(annotation):
+    """Such a strategy is left to the full check (its record is None)."""
+    from clbench import recorded
+
+    with pytest.raises(recorded.Unrecordable):
+        recorded.annotation_text(annotation)
+
+
+def test_a_strategy_record_holds_each_fields_declarations_and_no_presets_when_the_class_has_none():
+    from clbench import recorded
+
+    assert recorded.strategy_record(_Recorded) == {
+        "fields": [{"name": "lr", "type": "float", "default": 0.1},
+                   {"name": "mem_size", "type": "int", "default": 100,
+                    "within": {"low": 1, "high": None, "open_low": False, "open_high": False},
+                    "at_most": "experience_samples"},
+                   {"name": "mode", "type": "Literal['a', 'b']", "default": "a"},
+                   {"name": "anything", "type": "Any", "default": None}],
+        "presets": {}, "depends": [__name__]}
+
+
+def test_a_strategy_whose_stand_in_would_differ_is_not_recorded():
+    """A tuple default under ``Any`` would come back from the record as a list: the stand-in's signature differs,
+    so no record (the full check handles the strategy)."""
+    from clbench import recorded
+
+    class Tupled:
+        Config = dataclasses.make_dataclass("Config", [("x", typing.Any, dataclasses.field(default=(1, 2)))])
+
+    assert recorded.strategy_record(Tupled) is None
+
+
+def test_a_strategy_record_is_kept_only_when_the_stand_in_has_the_same_types_only_with_and_presets(monkeypatch):
+    """The stand-in's signature is compared field by field: a record whose type text is wrong (here every field
+    written as ``int``), an ``only_with`` value or a preset that comes back as a list instead of a tuple, each make
+    the record None (the full check handles the strategy)."""
+    from clbench import recorded
+
+    class Typed:
+        Config = dataclasses.make_dataclass("Config", [("lr", float, dataclasses.field(default=0.5))])
+
+    class Needing:
+        Config = dataclasses.make_dataclass("Config", [
+            ("mode", typing.Any, dataclasses.field(default=None)),
+            ("x", int, typecheck.setting(1, only_with=typecheck.only_with("mode", (1, 2))))])
+
+    class Preset:
+        Config = dataclasses.make_dataclass("Config", [("x", typing.Any, dataclasses.field(default=None))])
+        PRESETS = {"p": {"x": (1, 2)}}
+
+    assert recorded.strategy_record(Typed)["fields"] == [{"name": "lr", "type": "float", "default": 0.5}]
+    assert recorded.strategy_record(Needing) is None
+    assert recorded.strategy_record(Preset) is None
+    monkeypatch.setattr(recorded, "annotation_text", lambda tp: "int")
+    assert recorded.strategy_record(Typed) is None
+
+
+def test_a_scenario_record_holds_the_sizes_of_the_arguments_the_loader_accepts(monkeypatch):
+    """The defaults and each shipped suite's arguments, checked as the loader checks them (the declared range, the
+    annotation): ``n=0`` (below the range) and ``n=3.5`` (not an int) are left to the loader, ``n=3`` after them is
+    still recorded."""
+    from clbench import recorded
+
+    def factory(n: Annotated[int, typecheck.Range(1)] = 2, **_):
+        raise AssertionError("the factory itself is not called")
+
+    factory.sizes = lambda n=2, **_: {"train_samples": 10 * n, "experience_samples": n}
+    monkeypatch.setattr(recorded, "_suite_arguments", lambda: {"fake": [{"n": 0}, {"n": 3.5}, {"n": 3}]})
+    assert recorded.scenario_record("fake", factory) == {
+        "params": {"n": 2}, "depends": [__name__], "datasets": [],
+        "signature": {"params": [{"name": "n", "type": "int", "default": 2, "within": {
+            "low": 1, "high": None, "open_low": False, "open_high": False}}], "var_keyword": True},
+        "sizes": [{"args": {"n": 2}, "sizes": {"train_samples": 20, "experience_samples": 2}},
+                  {"args": {"n": 3}, "sizes": {"train_samples": 30, "experience_samples": 3}}]}
+
+
+def test_recorded_values_are_json_data_and_anything_else_is_unrecordable():
+    """Tuples become lists, nested; a dict with a non-string key, a non-finite float, a set or another object cannot
+    be written (its strategy is left to the full check)."""
+    import math
+
+    from clbench import recorded
+
+    assert recorded._data({"x": (1, [2.5, None]), "y": True, "z": "s"}) == {"x": [1, [2.5, None]], "y": True, "z": "s"}
+    for value in ({1: 2}, math.inf, math.nan, {"a"}, object()):
+        with pytest.raises(recorded.Unrecordable):
+            recorded._data(value)
+
+
+def test_recorded_sizes_are_found_whatever_the_order_of_the_sizes_functions_parameters(monkeypatch):
+    """A ``sizes`` function whose parameters are not in alphabetical order (``b`` before ``a``): the arguments a
+    suite gives are matched to the recorded ones as JSON with sorted keys; arguments not recorded give None (the
+    full check computes them), as does a scenario without a record."""
+    from clbench import recorded
+
+    def factory(b: int = 1, a: int = 2):
+        raise AssertionError("the factory itself is not called")
+
+    factory.sizes = lambda b=1, a=2: {"train_samples": 10 * a + b}
+    monkeypatch.setattr(recorded, "_suite_arguments", lambda: {"fake": [{"a": 3}]})
+    record = recorded.scenario_record("fake", factory)
+    assert record["params"] == {"b": 1, "a": 2}
+    assert recorded.recorded_sizes(record, {}) == {"train_samples": 21}
+    assert recorded.recorded_sizes(record, {"b": 1, "a": 3}) == {"train_samples": 31}
+    assert recorded.recorded_sizes(record, {"b": 2}) is None
+    assert recorded.recorded_sizes(None, {}) is None
+
+
+def test_a_record_is_not_used_once_a_module_it_depends_on_changed(monkeypatch):
+    from clbench import plugins
+
+    assert plugins.record("strategy", "replay") is not None and plugins.record("scenario", "split_digits")
+    monkeypatch.setattr(plugins, "_sha256_of", lambda module: "edited since")
+    assert plugins.record("strategy", "replay") is None and plugins.record("scenario", "split_digits") is None
+
+
+@pytest.mark.parametrize("sizes", [_sizes_kwargs, _sizes_required, _sizes_positional])
+def test_a_sizes_function_the_index_cannot_key_is_not_recorded(sizes):
+    """Only keyword parameters with defaults (and ``**_``) can be keyed from a suite's arguments: a ``**kwargs`` that
+    may read anything, a parameter without a default or a positional-only one leaves the scenario to the full check."""
+    from clbench.recorded import _size_params
+
+    assert _size_params(sizes) is None
+
+
+def test_a_sizes_function_with_keyword_defaults_is_recorded_with_them():
+    from clbench.recorded import _size_params
+
+    assert _size_params(_sizes_ok) == {"n_experiences": 5, "max_per_class": None}
