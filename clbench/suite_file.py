@@ -202,6 +202,12 @@ def _parse_dp(where: str, raw: Any) -> tuple[dict, ...]:
     return parse_callbacks(f"{where}.dp", [{"name": "dp", "args": raw}])
 
 
+def _check_one_dp(where: str, count: int) -> None:
+    """At most one ``dp`` callback an entry (its ``dp:`` key and its ``callbacks:`` list together)."""
+    if count > 1:
+        raise ConfigError(f"{where}: private training is given twice (dp: and a dp callback); keep one.")
+
+
 def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: Any = None) -> None:
     """Every ``dp`` callback of an entry (from its ``dp:`` key or its ``callbacks:`` list): a strategy that may train
     privately, a budget that can be used (:class:`clbench.privacy.config.DPConfig`), opacus installed (its
@@ -213,8 +219,7 @@ def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: An
     from clbench.privacy.accountant import PrivacyBudgetError
     from clbench.privacy.step import PrivateTraining, check_private_strategy
 
-    if len(entries) > 1:
-        raise ConfigError(f"{where}: private training is given twice (dp: and a dp callback); keep one.")
+    _check_one_dp(where, len(entries))
     try:
         check_private_strategy(strategy)
         PrivateTraining(**entries[0]["args"])            # builds the DPConfig, which checks the budget
@@ -334,8 +339,9 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
         where = f"{source}: strategies[{i}] ({item['name']})"
         entries = [(f"{where}.callbacks", k, c) for k, c in enumerate(_entry_list(
             f"{where}.callbacks", item.get("callbacks", []), CALLBACK_KEYS, allow_empty=True))]
-        for place, k, callback in [*entries, *([(f"{where}.dp", 0, {"name": "dp", "args": item["dp"]})]
-                                              if "dp" in item else [])]:
+        dp_entries = [*entries, *([(f"{where}.dp", 0, {"name": "dp", "args": item["dp"]})] if "dp" in item else [])]
+        _check_one_dp(where, sum(callback["name"] == "dp" for _, _, callback in dp_entries))
+        for place, k, callback in dp_entries:
             signature = Signature.recorded("callback", callback["name"])
             if signature is not None and callback["name"] == "dp":
                 _check_budget(where, _callback_args(place, k, callback, dataclasses.replace(signature, declared={})),
