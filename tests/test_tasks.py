@@ -51,7 +51,10 @@ def test_a_stopped_pool_leaves_no_member_training(tmp_path, how):
     script.write_text(SCRIPT)
     driver = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=ROOT, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              # as a terminal starts it: a test process started in the background of a
+                              # non-interactive shell ignores SIGINT, and its children would inherit that
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while len(list(tmp_path.glob("*.pid"))) < 2:
