@@ -14,27 +14,10 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
 from clbench.petl import METHODS
-from clbench.privacy import step
 from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
 from clbench.privacy.step import DPConfig, PrivateTraining, check_private_strategy
 from clbench.registry import STRATEGIES, load_plugins
-
-
-@pytest.fixture(autouse=True)
-def _ledger(monkeypatch):
-    """Each test starts with an empty ledger of training calls (a process-wide dict) and an empty σ cache (a
-    cached σ from another test, or from mutmut's first pass, would hide a change to the search)."""
-    monkeypatch.setattr(step, "LEDGER", {})
-    noise_multiplier.cache_clear()
-
-
-def _exact(message: str) -> str:
-    """A pattern matching exactly ``message``."""
-    return f"^{re.escape(message)}$"
-
-
-def _refused(message: str):
-    return pytest.raises(PrivacyBudgetError, match=_exact(message))
+from tests._dp_ledger import _ledger, refused  # noqa: F401 - _ledger: an autouse fixture
 
 
 # ------------------------------------------------------------------------------------------------ budgets
@@ -63,7 +46,7 @@ def test_unusable_budgets_are_refused_with_the_exact_message(config, message):
     """Each refused budget (ε or σ missing or both, ε/σ not finite or ≤ 0, δ outside (0, 1), R ≤ 0 or infinite,
     unknown clipping, γ ≤ 0) raises the one line that says what to change; catches a weakened bound or an
     altered message."""
-    with _refused(message):
+    with refused(message):
         DPConfig(**config)
 
 
@@ -100,7 +83,7 @@ def test_strategies_that_reuse_samples_are_refused_and_private_ones_accepted():
     for name in expected:
         check_private_strategy(name)
     for name in ("replay", "lora_per_task"):
-        with _refused(f"dp: strategy {name!r} is not known to use each sample in one training call only, so its "
+        with refused(f"dp: strategy {name!r} is not known to use each sample in one training call only, so its "
                       f"epsilon cannot be accounted; private strategies: {', '.join(expected)}."):
             check_private_strategy(name)
 
@@ -149,7 +132,7 @@ def test_a_release_beside_the_steps_is_composed_into_the_calibration_or_refused_
     two = ((3.0, 1.0, 1), (4.5, 1.0, 1))
     alone = epsilon(two, 1e-5)
     assert 1.0 < alone < 3.0
-    with _refused(f"dp: the mechanisms already applied to this data (released statistics, earlier training calls "
+    with refused(f"dp: the mechanisms already applied to this data (released statistics, earlier training calls "
                   f"on the same samples; noise multipliers 3, 4.5) alone spend epsilon={alone:.3g} of the budget 1.0 "
                   f"at delta=1e-05; give them more noise or raise epsilon."):
         noise_multiplier(1.0, 1e-5, 0.01, 1000, two)
@@ -160,7 +143,7 @@ def test_applied_mechanisms_that_spend_exactly_the_budget_are_refused_as_such(mo
     from clbench.privacy import accountant
 
     monkeypatch.setattr(accountant, "epsilon", lambda history, delta: 1.0)
-    with _refused("dp: the mechanisms already applied to this data (released statistics, earlier training calls on "
+    with refused("dp: the mechanisms already applied to this data (released statistics, earlier training calls on "
                   "the same samples; noise multipliers 3) alone spend epsilon=1 of the budget 1.0 at delta=1e-05; "
                   "give them more noise or raise epsilon."):
         noise_multiplier(1.0, 1e-5, 0.1, 50, ((3.0, 1.0, 1),))
@@ -193,7 +176,7 @@ def test_a_composed_budget_no_sigma_reaches_is_refused_instead_of_searching_fore
     from clbench.privacy import accountant
 
     monkeypatch.setattr(accountant, "epsilon", lambda history, delta: 0.5 if len(history) == 1 else 2.0)
-    with _refused(f"dp: no noise multiplier up to {10 * 2.0**64:g} reaches epsilon=1.0 at delta=1e-05 for 50 steps "
+    with refused(f"dp: no noise multiplier up to {10 * 2.0**64:g} reaches epsilon=1.0 at delta=1e-05 for 50 steps "
                   f"at sampling rate 0.1 beside the mechanisms already applied (epsilon=0.5); raise epsilon."):
         noise_multiplier(1.0, 1e-5, 0.1, 50, ((3.0, 1.0, 1),))
 
@@ -201,6 +184,6 @@ def test_a_composed_budget_no_sigma_reaches_is_refused_instead_of_searching_fore
 def test_without_opacus_the_accountant_says_which_extra_to_install(monkeypatch):
     """opacus missing: the exact line naming the dp extra (not an ImportError from deep inside)."""
     monkeypatch.setitem(sys.modules, "opacus.accountants.utils", None)
-    with _refused("dp: private training needs opacus for its accountant; install the dp extra: "
+    with refused("dp: private training needs opacus for its accountant; install the dp extra: "
                   "pip install 'clbench[dp]'."):
         epsilon([(1.0, 0.1, 10)], 1e-5)

@@ -3,27 +3,11 @@ of each step, and the batch sizes they average."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
-from clbench.privacy import step
-from clbench.privacy.accountant import noise_multiplier
 from clbench.privacy.sampling import PoissonPlan
-
-
-@pytest.fixture(autouse=True)
-def _ledger(monkeypatch):
-    """Each test starts with an empty ledger of training calls (a process-wide dict) and an empty σ cache (a
-    cached σ from another test, or from mutmut's first pass, would hide a change to the search)."""
-    monkeypatch.setattr(step, "LEDGER", {})
-    noise_multiplier.cache_clear()
-
-
-def _exact(message: str) -> str:
-    """A pattern matching exactly ``message``."""
-    return f"^{re.escape(message)}$"
+from tests._dp_ledger import _ledger, exact  # noqa: F401 - _ledger: an autouse fixture
 
 
 # ------------------------------------------------------------------------------------------------ Poisson sampling
@@ -38,7 +22,7 @@ def test_poisson_plan_rate_and_steps_per_epoch(n, batch_size, rate, steps):
 @pytest.mark.parametrize("n, batch_size", [(0, 4), (4, 0), (-1, -1)])
 def test_poisson_plan_refuses_empty_data_or_batches(n, batch_size):
     """n < 1 or b < 1: the exact line with both values; catches a weakened check."""
-    with pytest.raises(ValueError, match=_exact(f"Poisson sampling needs n >= 1 and batch_size >= 1, got n={n}, "
+    with pytest.raises(ValueError, match=exact(f"Poisson sampling needs n >= 1 and batch_size >= 1, got n={n}, "
                                                 f"batch_size={batch_size}")):
         PoissonPlan.for_batch_size(n, batch_size)
 

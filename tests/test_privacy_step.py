@@ -17,28 +17,12 @@ from torch import nn
 
 from clbench.callbacks import CallbackContext
 from clbench.privacy import step
-from clbench.privacy.accountant import PrivacyBudgetError, epsilon, noise_multiplier
+from clbench.privacy.accountant import epsilon, noise_multiplier
 from clbench.privacy.reattention import ErrorPrior, ErrorTracking
 from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
 from clbench.privacy.step import PrivateTraining, TrainingCall
-
-
-@pytest.fixture(autouse=True)
-def _ledger(monkeypatch):
-    """Each test starts with an empty ledger of training calls (a process-wide dict) and an empty σ cache (a
-    cached σ from another test, or from mutmut's first pass, would hide a change to the search)."""
-    monkeypatch.setattr(step, "LEDGER", {})
-    noise_multiplier.cache_clear()
-
-
-def _exact(message: str) -> str:
-    """A pattern matching exactly ``message``."""
-    return f"^{re.escape(message)}$"
-
-
-def _refused(message: str):
-    return pytest.raises(PrivacyBudgetError, match=_exact(message))
+from tests._dp_ledger import _ledger, exact, refused  # noqa: F401 - _ledger: an autouse fixture
 
 
 # ------------------------------------------------------------------------------------------------ the dp callback
@@ -127,7 +111,7 @@ def test_default_delta_is_one_over_the_stream_size_and_needs_it():
     assert _callback(None, n_train=2, delta=None).delta == 0.5
     assert _callback(None, n_train=0, delta=1e-5).delta == 1e-5
     for n in (0, 1):
-        with _refused("dp: delta is not given and the run's number of training samples is unknown; set dp.delta."):
+        with refused("dp: delta is not given and the run's number of training samples is unknown; set dp.delta."):
             _callback(None, n_train=n, delta=None)
 
 
@@ -223,7 +207,7 @@ def test_after_backward_privatizes_only_parameters_with_a_gradient():
     assert callback.call.steps_taken == 2 and callback.batch == 3
 
 
-def test_a_parameter_the_rules_leave_out_is_refused(monkeypatch):
+def test_a_parameter_the_rules_leave_out_isrefused(monkeypatch):
     """A rule that gives no per-sample gradient for a parameter: the exact line with the shapes (the parameter
     would be updated without clipping or noise)."""
     model = nn.Linear(3, 2).double()
@@ -240,10 +224,10 @@ def test_a_parameter_the_rules_leave_out_is_refused(monkeypatch):
         callback.after_backward(model)
 
 
-def test_a_loop_that_does_not_ask_for_its_batches_is_refused():
+def test_a_loop_that_does_not_ask_for_its_batches_isrefused():
     """on_batch_start before any batch_sampler call: the exact line naming the loops that do ask."""
     callback = _callback(nn.Linear(2, 2))
-    with pytest.raises(RuntimeError, match=_exact(
+    with pytest.raises(RuntimeError, match=exact(
             "dp: this training loop did not ask the callbacks for its minibatches (Callback.batch_sampler), so it "
             "cannot draw Poisson batches; use clbench.training.fit or an Avalanche template bridged with "
             "clbench.callbacks.bridge.")):
@@ -263,7 +247,7 @@ def test_each_training_calls_first_step_refuses_a_gradient_the_rules_do_not_expl
             "clbench.privacy.register_rule.")
     for _ in range(2):
         callback.batch_sampler(16, 8, 1)
-        with pytest.raises(UnsupportedLayerError, match=_exact(line)):
+        with pytest.raises(UnsupportedLayerError, match=exact(line)):
             _step(callback, model, *XY)
         assert callback.call.steps_taken == 0
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
@@ -411,7 +395,7 @@ def test_a_released_statistic_is_gaussian_noise_on_it_and_composed_into_the_next
 ])
 def test_a_release_with_a_bad_sensitivity_or_noise_is_refused_and_records_nothing(sensitivity, noise, message):
     callback = _callback(None)
-    with _refused(message):
+    with refused(message):
         callback.release(torch.zeros(2), sensitivity, noise)
     assert callback.releases == []
 
@@ -421,7 +405,7 @@ def test_a_release_without_a_training_call_after_it_blocks_the_run_epsilon():
     callback = _callback(None)
     step.LEDGER["r"] = {(call := _call(1.0, 0.1, 10)).id: call}
     callback.release(torch.zeros(2), 1.0, 1.0)
-    with pytest.raises(RuntimeError, match=_exact("dp: 1 statistic(s) were released without a training call after "
+    with pytest.raises(RuntimeError, match=exact("dp: 1 statistic(s) were released without a training call after "
                                                   "them, so the run's epsilon would leave them out.")):
         callback.extra_metrics()
 
@@ -443,7 +427,7 @@ def test_calls_that_share_samples_are_calibrated_and_reported_as_one_composition
     spent = epsilon([(s, 0.25, 8) for s in sigmas], 0.02)
     assert 1.99 <= spent <= 2.0 and callback.extra_metrics()["epsilon"] == spent
     assert max(epsilon([(s, 0.25, 8)], 0.02) for s in sigmas) < 1.5
-    with pytest.raises(ValueError, match=_exact("dp: share_samples needs the number of training calls (>= 1), "
+    with pytest.raises(ValueError, match=exact("dp: share_samples needs the number of training calls (>= 1), "
                                                 "got 0.")):
         callback.share_samples(0)
     callback.share_samples(1)
@@ -478,7 +462,7 @@ def test_close_without_a_folder_or_calls_writes_nothing(tmp_path):
 def test_a_run_without_any_private_call_cannot_report_epsilon(tmp_path):
     """No training call recorded (the loop never asked for batches): the exact line instead of ε = 0."""
     callback = _callback(None, artifacts=tmp_path)
-    with pytest.raises(RuntimeError, match=_exact("dp: no private training call was recorded for this run, so no "
+    with pytest.raises(RuntimeError, match=exact("dp: no private training call was recorded for this run, so no "
                                                   "epsilon can be reported.")):
         callback.extra_metrics()
 
