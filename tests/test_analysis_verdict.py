@@ -43,3 +43,23 @@ def test_no_interval_containing_0_is_ever_reproduced():
 def test_an_unknown_direction_is_refused():
     with pytest.raises(ValueError, match="direction"):
         Comparison("above", 1.0, 0.5)
+
+
+@pytest.mark.parametrize(("mean", "half", "word"), [
+    (-0.4, 0.5, Verdict.REPRODUCED),        # [-0.9, 0.1] inside [-1, 1]: as close as the paper says
+    (-6.0, 1.5, Verdict.REVERSED),          # [-7.5, -4.5]: further apart than the paper's margin
+    (3.0, 1.0, Verdict.REVERSED),           # [2, 4] above +1
+    (-1.0, 1.0, Verdict.NOT_SHOWN),         # [-2, 0] straddles -1
+    (0.0, 3.0, Verdict.NOT_SHOWN),          # too wide to tell
+    (0.2, math.nan, Verdict.NOT_SHOWN),     # one seed
+])
+def test_an_equivalence_claim_reads_the_interval_against_the_papers_margin(mean, half, word):
+    """``within``: "about as well as", "differing only by m": reproduced only when the whole interval lies in
+    [-m, m], reversed when it lies wholly outside (a larger difference than the paper's)."""
+    assert verdict(Comparison("within", mean, half, margin=1.0)) is word
+
+
+@pytest.mark.parametrize(("direction", "margin"), [("within", None), ("within", 0.0), ("greater", 1.0)])
+def test_a_margin_goes_with_within_and_only_with_it(direction, margin):
+    with pytest.raises(ValueError, match="margin"):
+        Comparison(direction, 1.0, 0.5, margin=margin)

@@ -3,7 +3,8 @@
 A claim in the file holds the paper's words and number, where they stand, the paper's setting, whether that setting
 was run here, how the budgets here were chosen, an optional note, and its comparisons. A comparison names a suite
 folder under the results root, a scenario, rows ``a`` and ``b``, a metric and the sign the paper claims for
-``a − b`` (``greater`` / ``less``); ``relative: true`` reads ``(a − b) / b`` in percent; ``kind: removal`` reads
+``a − b`` (``greater`` / ``less``; ``within`` with ``margin``: no further apart than the paper's own margin);
+``relative: true`` reads ``(a − b) / b`` in percent; ``kind: removal`` reads
 ``accuracy after − before`` of row ``a``'s ``run_bench.py forget`` records (``request``, ``mode``);
 ``at_papers_setting: false`` (with ``why``) marks a comparison of another kind than the paper's (its task form,
 loss or privacy regime); ``paper_value`` is the paper's own ``a − b`` in the same units, placed against the interval.
@@ -41,7 +42,7 @@ from clbench.analysis.paired import (
     row_label,
     scenario_label,
 )
-from clbench.analysis.verdict import DIRECTIONS, Comparison, Verdict, verdict
+from clbench.analysis.verdict import Comparison, Verdict, verdict
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 CLAIMS_FILE = RESULTS / "claims.yaml"
@@ -64,11 +65,13 @@ class ComparisonSpec:
     paper_value: float | None = None
     at_papers_setting: bool = True
     why: str = ""
+    margin: float | None = None
 
     def __post_init__(self) -> None:
-        if self.direction not in DIRECTIONS:
-            raise ValueError(f"{self.suite}: {self.a} − {self.b}: direction {self.direction!r}, one of "
-                             f"{sorted(DIRECTIONS)}")
+        try:
+            Comparison(self.direction, None, None, margin=self.margin)     # its direction and margin rules
+        except ValueError as exc:
+            raise ValueError(f"{self.suite}: {self.a} − {self.b}: {exc}") from None
         if self.kind not in KINDS:
             raise ValueError(f"{self.suite}: {self.a}: kind {self.kind!r}, one of {sorted(KINDS)}")
         if not self.at_papers_setting and not self.why:
@@ -122,7 +125,7 @@ class Measured:
     def verdict(self) -> Verdict:
         return verdict(Comparison(self.spec.direction, self.mean, self.half_width,
                                   self.flags.get(self.spec.a, ()), self.flags.get(self.spec.b, ()),
-                                  self.spec.at_papers_setting))
+                                  self.spec.at_papers_setting, self.spec.margin))
 
     def text(self) -> str:
         """``scenario: a − b metric +1.23 ± 0.45 (3 seeds) → verdict[; flags][; the paper's value ...]``."""

@@ -1,16 +1,18 @@
 """The verdict of one comparison behind a paper's claim, computed from its paired statistic, never typed by hand.
 
 A comparison is ``A − B`` on one metric over paired seeds (:mod:`clbench.analysis.paired`): its mean ``d̄`` and the
-half-width ``h`` of its 95% Student-t interval ``[d̄ − h, d̄ + h]``, the sign the paper claims for it (``greater``:
-A above B; ``less``: A below B), the adequacy flags of both rows (:mod:`clbench.adequacy`) and whether the
-comparison is of the kind the paper states (its task form, loss, privacy regime). The word, first rule that holds:
+half-width ``h`` of its 95% Student-t interval ``[d̄ − h, d̄ + h]``, what the paper claims for it (``greater``:
+A above B; ``less``: A below B; ``within``: A and B no further apart than the paper's own margin ``m``, a claim
+of equivalence such as "differing on average only by 1.0%"), the adequacy flags of both rows
+(:mod:`clbench.adequacy`) and whether the comparison is of the kind the paper states (its task form, loss, privacy
+regime). The word, first rule that holds:
 
 ==================================  =====================================================================
 not tested at the paper's setting   no records, or the comparison is not of the kind the paper states
 flagged, not evidence               a row of the pair is flagged (``not learned`` / ``not converged``)
 not shown                           fewer than 2 seeds (no interval), or the interval contains 0
-reproduced                          the interval lies wholly on the paper's side of 0
-reversed                            the interval lies wholly on the other side of 0
+reproduced                          the interval lies wholly on the paper's side of 0 (``within``: inside [−m, m])
+reversed                            the interval lies wholly on the other side of 0 (``within``: outside [−m, m])
 ==================================  =====================================================================
 
 So an interval that contains 0 is never ``reproduced`` and a flagged comparison is never evidence either way; a
@@ -36,8 +38,9 @@ class Verdict(StrEnum):
     REVERSED = "reversed"
 
 
-DIRECTIONS = {"greater": 1, "less": -1}
-"""The sign of ``A − B`` a paper claims, by the name a claims file uses."""
+DIRECTIONS = {"greater": 1, "less": -1, "within": 0}
+"""What a paper claims of ``A − B``, by the name a claims file uses: its sign, or 0 for ``within`` (no further from 0
+than the comparison's ``margin``)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,15 @@ class Comparison:
     flags_a: tuple[str, ...] = ()
     flags_b: tuple[str, ...] = ()
     at_papers_setting: bool = True
+    margin: float | None = None
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction {self.direction!r}: one of {sorted(DIRECTIONS)}")
+        if (self.direction == "within") != (self.margin is not None) or (self.margin is not None and
+                                                                         not self.margin > 0):
+            raise ValueError(f"direction {self.direction!r} with margin {self.margin!r}: 'within' needs a margin "
+                             f"> 0, 'greater' and 'less' none")
 
 
 def verdict(comparison: Comparison) -> Verdict:
@@ -64,6 +72,14 @@ def verdict(comparison: Comparison) -> Verdict:
     if comparison.flags_a or comparison.flags_b:
         return Verdict.FLAGGED
     if math.isnan(comparison.half_width):
+        return Verdict.NOT_SHOWN
+    if comparison.direction == "within":
+        low, high, margin = (comparison.mean - comparison.half_width, comparison.mean + comparison.half_width,
+                             comparison.margin)
+        if -margin <= low and high <= margin:
+            return Verdict.REPRODUCED
+        if high < -margin or low > margin:
+            return Verdict.REVERSED
         return Verdict.NOT_SHOWN
     sign = DIRECTIONS[comparison.direction]
     low, high = sorted((sign * (comparison.mean - comparison.half_width),
