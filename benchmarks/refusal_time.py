@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clbench.files import locked_folder  # noqa: E402
-from tests.test_suite_file import MALFORMED, VALUES  # noqa: E402 - the test's files, one list
 from tests.test_preflight import command_line_cases, dataset_case  # noqa: E402
+from tests.test_suite_file import MALFORMED, VALUES  # noqa: E402 - the test's files, one list
 
 PLUGIN = """from clbench.registry import STRATEGIES
 
