@@ -279,42 +279,45 @@ def setting_here(claim: Claim, root: Path) -> str:
     return "; ".join(parts)
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
-
-
-HEADER = ["paper", "claim", "paper's number", "where", "paper's setting", "setting here",
-          "comparisons: statistic → verdict", "note"]
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def claims_markdown(results_root: str | Path = RESULTS / "reference", claims_file: str | Path = CLAIMS_FILE) -> str:
-    """The claims table: one row per claim of ``claims_file``, its comparisons computed from the records under
-    ``results_root``. Raises ``ValueError`` on a note that contradicts its computed verdicts."""
+    """The claims page's body: one section per claim of ``claims_file`` (a numbered heading with the paper and the
+    claim, then the paper's number, where it stands, both settings, each comparison computed from the records under
+    ``results_root`` with its verdict, and the note). Raises ``ValueError`` on a note that contradicts its computed
+    verdicts."""
     root = Path(results_root)
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    problems = []
-    for claim in load_claims(claims_file):
+    sections, problems = [], []
+    for number, claim in enumerate(load_claims(claims_file), start=1):
         measured = [measure(c, root) for c in claim.comparisons]
         problems += contradictions(claim, measured)
-        comparisons = "<br>".join(m.text() for m in measured) or f"no paired comparison: {claim.evidence}"
-        lines.append("| " + " | ".join(_cell(text) for text in (
-            claim.paper, claim.claim, claim.number, claim.where, claim.papers_setting, setting_here(claim, root),
-            comparisons, claim.note or "–")) + " |")
+        comparisons = ([f"    - {_one_line(m.text())}" for m in measured]
+                       or [f"    - no paired comparison: {_one_line(claim.evidence)}"])
+        sections.append("\n".join([
+            f"### {number}. {_one_line(claim.claim).split(': “')[0]}", "",
+            f"**{_one_line(claim.paper)}**: {_one_line(claim.claim)}", "",
+            f"- *The paper's number*: {_one_line(claim.number)} ({_one_line(claim.where)})",
+            f"- *The paper's setting*: {_one_line(claim.papers_setting)}",
+            f"- *The setting here*: {_one_line(setting_here(claim, root))}",
+            "- *Comparisons* (A − B: mean ± 95% half-width → verdict):", *comparisons,
+            *([f"- *Note*: {_one_line(claim.note)}"] if claim.note else [])]))
     if problems:
         raise ValueError("notes that contradict their computed verdicts: " + " | ".join(problems))
-    return "\n".join(lines) + "\n"
+    return "\n\n".join(sections) + "\n"
 
 
-LEGEND = """Each row quotes a seed paper's claim and its own number, where they stand in the text clbench follows, the
-paper's setting and the setting here (from the records: data, model size, pre-trained or not, epochs a step, memory;
-how the budgets were chosen), and for each comparison `A − B` the mean over seeds of the per-seed difference with
-its 95% Student-t half-width (`run_bench.py analyze paired`) and the verdict computed from it
-(`clbench/analysis/verdict.py`): **flagged, not evidence** when either row is flagged by the training-adequacy
-checks; **not tested at the paper's setting** when the comparison is of another kind than the paper's (or no record
-holds it); else **reproduced** / **reversed** when the interval lies wholly on the paper's / the other side of 0, and
-**not shown** when it contains 0. A smaller scale than the paper's does not change the word; the setting beside it
-says how far the runs are from the paper's. The rows are generated from `results/claims.yaml` and the committed
-records (`python -m clbench.analysis.claims`).
+LEGEND = """Each section quotes a seed paper's claim and its own number, where it stands in the text clbench
+follows, the paper's setting and the setting here (from the records: data, model size, pre-trained or not, epochs a
+step, memory; how the budgets were chosen), and for each comparison `A − B` the mean over seeds of the per-seed
+difference with its 95% Student-t half-width (`run_bench.py analyze paired`) and the verdict computed from it
+(`clbench/analysis/verdict.py`): **not tested at the paper's setting** when the comparison is of another kind than
+the paper's (or no record holds it); **flagged, not evidence** when either row is flagged by the training-adequacy
+checks; else **reproduced** / **reversed** when the interval lies wholly on the paper's / the other side of 0 (for a
+claim of equivalence: inside / outside the paper's own margin), and **not shown** otherwise. A smaller scale than
+the paper's does not change the word; the setting beside it says how far the runs are from the paper's. The
+sections are generated from `results/claims.yaml` and the committed records (`python -m clbench.analysis.claims`).
 """
 
 
