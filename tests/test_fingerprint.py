@@ -79,6 +79,37 @@ def test_docstrings_do_not_count_and_a_broken_cache_is_ignored(tmp_path, cache, 
     assert fingerprint.code_digest(first) == fingerprint.code_digest(second) and len(cache) == 4
 
 
+def test_the_cache_file_keeps_only_files_that_still_exist_unchanged(tmp_path, cache, monkeypatch):
+    """Saved after a later process parsed ``c``: ``a`` (rewritten since) and ``b`` (deleted) are dropped, ``c`` and
+    the new ``a`` are kept under their current keys; a process that parsed nothing writes nothing."""
+    a, b, c = (tmp_path / f"{name}.py" for name in "abc")
+    for path in (a, b, c):
+        path.write_text(f"NAME = {path.stem!r}\n")
+    fingerprint.code_digest(a), fingerprint.code_digest(b)
+    fingerprint._CACHE.save()
+    assert set(json.loads(fingerprint.cache_path().read_text())) == {fingerprint.file_key(a), fingerprint.file_key(b)}
+    _new_process(monkeypatch)
+    a.write_text("NAME = 'a, longer'\n")
+    b.unlink()
+    fingerprint.code_digest(a), fingerprint.code_digest(c)
+    fingerprint._CACHE.save()
+    assert set(json.loads(fingerprint.cache_path().read_text())) == {fingerprint.file_key(a), fingerprint.file_key(c)}
+    _new_process(monkeypatch)
+    fingerprint.code_digest(c)                                   # read from the cache: nothing parsed
+    fingerprint.cache_path().unlink()
+    fingerprint._CACHE.save()
+    assert not fingerprint.cache_path().exists() and len(cache) == 4          # a, b, the new a, c
+
+
+def test_the_cache_file_is_per_python_and_cache_version_under_the_user_cache_folder(tmp_path, monkeypatch):
+    name = f"fingerprints-{sys.implementation.cache_tag}-v{fingerprint.CACHE_VERSION}.json"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert fingerprint.cache_path() == tmp_path / "xdg" / "clbench-code" / name
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert fingerprint.cache_path() == tmp_path / "home" / ".cache" / "clbench-code" / name
+
+
 def test_fingerprint_follows_code_not_comments(tmp_path, monkeypatch):
     """A change to a function body changes the fingerprint of a module and of everything importing it; a change to
     a comment or a docstring does not. The closure follows imports inside clbench and leaves out the CLI."""
