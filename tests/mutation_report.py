@@ -142,8 +142,9 @@ def main(argv: list[str]) -> int:
                 print(f"{group}: starting afresh ({why})", flush=True)
             work = kept or prepare(group, spec, config["tool"]["mutmut"], config["tool"]["pytest"]["ini_options"])
             print(f"== {group}: {', '.join(spec['mutate'])} ({work}{', resumed' if kept else ''})", flush=True)
-            done = subprocess.run(["nice", "-n", "10", str(mutmut), "run", "--max-children", "1"], cwd=work, env=env,
-                                  stdout=subprocess.DEVNULL)
+            # the mutants' own cache folder: a mutant of clbench/fingerprint.py writes its cache wherever it says
+            done = subprocess.run(["nice", "-n", "10", str(mutmut), "run", "--max-children", "1"], cwd=work,
+                                  env={**env, "XDG_CACHE_HOME": str(work / ".cache")}, stdout=subprocess.DEVNULL)
             if done.returncode != 0:
                 print(f"mutmut failed in {work} (exit {done.returncode}); run it there to see why: "
                       f"cd {work} && {mutmut} run --max-children 1", file=sys.stderr)
