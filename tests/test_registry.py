@@ -2,16 +2,16 @@ import json
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 from clbench.protocol import (
-    ParamCount,
     StrategyBase,
     StrategyContractError,
     check_strategy,
 )
 from clbench.registry import CALLBACKS, COMMANDS, SCENARIOS, STRATEGIES, Registry, UnknownNameError
 from clbench.typecheck import only_with, setting
+from tests._contract import Cfg as _Cfg
+from tests._contract import Good as _Good
 
 
 def test_register_and_get():
@@ -117,27 +117,10 @@ def test_every_sub_command_is_its_own_module_of_clbench_commands():
 
 
 @dataclass
-class _Cfg:
-    lr: float = 0.1
-
-
-@dataclass
 class _UsedWithNothing:
     lr: float = setting(0.1, only_with=only_with("optimizer", "sgd"))
 
 
-class _Good(StrategyBase):
-    Config = _Cfg
-    PRESETS = {"cpu": {"lr": 0.01}}
-
-    def train(self, experience):
-        pass
-
-    def predict(self, x, task_labels):
-        return torch.zeros(len(x), 4)
-
-    def num_parameters(self):
-        return ParamCount(1, 1)
 
 
 @pytest.mark.parametrize("make, message", [

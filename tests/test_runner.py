@@ -24,6 +24,7 @@ from clbench.registry import STRATEGIES
 from clbench.runner import record_path
 from clbench.suite_file import parse_suite
 from tests._cli import run_suite
+from tests._contract import Good as _Good
 
 SCENARIO = {"name": "synthetic", "args": {"train_per_class": 15, "test_per_class": 10}}
 
@@ -203,23 +204,6 @@ def test_learning_without_an_optimizer_needs_no_hooks(violators):
 SYNTHETIC = {"n_classes": 4, "n_experiences": 2, "train_per_class": 10, "test_per_class": 5}
 
 
-@dataclass
-class _Cfg:
-    lr: float = 0.1
-
-
-class _Good(StrategyBase):
-    Config = _Cfg
-    PRESETS = {"cpu": {"lr": 0.01}}
-
-    def train(self, experience):
-        pass
-
-    def predict(self, x, task_labels):
-        return torch.zeros(len(x), 4)
-
-    def num_parameters(self):
-        return ParamCount(1, 1)
 
 
 def test_wrong_return_type_fails_the_run_naming_the_strategy(tmp_path, registered):
