@@ -103,3 +103,13 @@ def copied_results(tmp_path_factory):
     shutil.copytree(root / "original", root / "archive")
     assert run_suite(suite(2), root / "original") == 0
     return root
+
+
+@pytest.fixture(autouse=True)
+def plugins_stay_in_their_test():
+    """A test that loads a plugin must take it back: ``load_plugin`` adds it to ``$CLBENCH_PLUGINS``, and every
+    fresh process that a later test starts would import it (a leak of this kind made the index tests of
+    test_suite_file.py fail only in some orders)."""
+    before = os.environ.get("CLBENCH_PLUGINS")
+    yield
+    assert os.environ.get("CLBENCH_PLUGINS") == before, "this test left a plugin in $CLBENCH_PLUGINS: use monkeypatch"

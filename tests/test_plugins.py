@@ -411,11 +411,13 @@ def test_a_plugin_cannot_shadow_a_shipped_name_even_before_the_shipped_module_is
         assert shipped not in imported         # refused from the index, without importing the shipped module
 
 
-def test_two_plugins_registering_one_name_are_refused_naming_both(tmp_path):
-    for stem in ("first_plugin_x37", "second_plugin_x37"):
-        (tmp_path / f"{stem}.py").write_text(
-            "from clbench.registry import MODELS\n\n@MODELS.register('model_x37')\ndef make(info):\n    '''m'''\n")
-    load_plugin(str(tmp_path / "first_plugin_x37.py"))
-    with pytest.raises(PluginError, match="model 'model_x37' of second_plugin_x37 is already registered by "
-                                          "first_plugin_x37"):
-        load_plugin(str(tmp_path / "second_plugin_x37.py"))
+def test_two_plugins_registering_one_name_are_refused_naming_both(tmp_path, plugin):
+    """(The ``plugin`` fixture forgets both afterwards: load_plugin adds the first to $CLBENCH_PLUGINS, which every
+    later fresh process of the test run would otherwise load.)"""
+    for stem in ("test_plugin_first_x37", "test_plugin_second_x37"):
+        plugin(stem, "from clbench.registry import MODELS\n\n@MODELS.register('model_x37')\ndef make(info):\n"
+                     "    '''m'''\n")
+    load_plugin(str(tmp_path / "test_plugin_first_x37.py"))
+    with pytest.raises(PluginError, match="model 'model_x37' of test_plugin_second_x37 is already registered by "
+                                          "test_plugin_first_x37"):
+        load_plugin(str(tmp_path / "test_plugin_second_x37.py"))
