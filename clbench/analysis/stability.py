@@ -12,7 +12,9 @@ NDCG@10 after each epoch). For the curves of one row over seeds ``s = 1..S`` (al
   epoch-to-epoch moves against the curve's overall direction;
 - ``final_spread``: ``std_s(x_{s,E})``.
 
-:func:`row_stability` computes them for one row; :func:`training_loss_curves` reads the rows of a results folder.
+:func:`row_stability` computes them for one row; :func:`training_loss_curves` reads a row's curves from a results
+folder's checked records; ``run_bench.py analyze stability --run FOLDER --rows A B`` prints the table and writes
+``stability.csv``.
 """
 
 from __future__ import annotations
@@ -55,19 +57,28 @@ def row_stability(curves: list[list[float]]) -> Stability:
                      statistics.fmean(roughness), statistics.fmean(reversals), statistics.stdev(by_epoch[-1]))
 
 
-def training_loss_curves(folder: str | Path, label: str, scenario: str) -> list[list[float]]:
-    """The per-epoch training losses of row ``label`` on scenario ``scenario`` of a results folder, one curve per
-    seed: ``artifacts/<scenario>__<label>__s<seed>/training_log.jsonl``, its lines in epoch order (one experience;
-    a log of several experiences or members is refused: their epochs are not one curve)."""
+def training_loss_curves(records: list[dict], folder: str | Path, label: str, scenario: str) -> list[list[float]]:
+    """The per-epoch training losses of row ``label`` on scenario ``scenario``, one curve per finished seed in seed
+    order: ``<folder>/artifacts/<run_id>/training_log.jsonl`` of each record in ``records`` (records already checked
+    on read, :func:`clbench.records.load_dir`: a log whose record was refused or replaced is not read), its lines in
+    epoch order (one experience; a log of several experiences or members is refused: their epochs are not one
+    curve)."""
+    from clbench.analysis.paired import row_label, scenario_label
+
+    runs = sorted((r["seed"], r["run_id"]) for r in records
+                  if r["status"] == "finished" and row_label(r) == label and scenario_label(r) == scenario)
+    if not runs:
+        raise FileNotFoundError(f"no finished run of row {label!r} on scenario {scenario!r} in {folder}.")
     curves = []
-    for log in sorted(Path(folder, "artifacts").glob(f"{scenario}__{label}__s*/training_log.jsonl")):
+    for _, run_id in runs:
+        log = Path(folder, "artifacts", run_id, "training_log.jsonl")
+        if not log.is_file():
+            raise FileNotFoundError(f"{log}: missing (its record {run_id} is in {folder}/runs).")
         rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         if {(r["experience"], r["member"]) for r in rows} != {(0, "")} or \
                 [r["epoch"] for r in rows] != list(range(len(rows))):
             raise ValueError(f"{log}: not one experience's epochs 0..E-1 in order.")
         curves.append([float(r["loss"]) for r in rows])
-    if not curves:
-        raise FileNotFoundError(f"no {scenario}__{label}__s*/training_log.jsonl under {Path(folder, 'artifacts')}.")
     return curves
 
 

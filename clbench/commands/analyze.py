@@ -6,10 +6,13 @@
     python run_bench.py analyze dual-form --run results/<suite>/runs/<run_id>.json [--out DIR] [--queries 1000]
     # paired differences between suite rows over their common seeds (clbench.analysis.paired)
     python run_bench.py analyze paired --run results/<suite> --pairs A:B [C:D ...] [--metric last_acc]
+    # training stability of suite rows from their per-epoch training losses (clbench.analysis.stability)
+    python run_bench.py analyze stability --run results/<suite> --rows A B [...]
 
 ``dual-form`` reads the run's store (``<out>/artifacts/<run_id>/dual_form/run/``), rebuilds its scenario, loads the
 model saved after the last experience and writes its files to ``--out`` (default ``<out>/dual_form/<run_id>/``).
-``paired`` prints the table and writes ``paired.csv`` to ``--out`` (default: the results folder).
+``paired`` prints the table and writes ``paired.csv`` to ``--out`` (default: the results folder); ``stability``
+likewise ``stability.csv`` (one line per row and scenario with at least 2 finished seeds of one budget).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--pairs", nargs="+", default=[], help="paired: rows to compare, A:B (strategy labels)")
     p.add_argument("--metric", default="last_acc", help="paired: the metric compared")
+    p.add_argument("--rows", nargs="+", default=[], help="stability: the rows (strategy labels) to read")
 
 
 def dual_form(args: argparse.Namespace) -> int:
@@ -107,6 +111,44 @@ def _paired(args: argparse.Namespace, folder: Path, pairs: list[tuple[str, str, 
     return 0
 
 
+def stability(args: argparse.Namespace) -> int:
+    """The stability statistics (:mod:`clbench.analysis.stability`) of every ``--rows`` label on every scenario it
+    ran on, printed and written to stability.csv (the results folder held locked meanwhile)."""
+    if not args.rows:
+        raise ConfigError("analyze stability needs --rows A [B ...] (strategy labels).")
+    folder = Path(args.run)
+    with rebuilding(folder, "analyze stability", "wait for it to end: its records are still being written"):
+        return _stability(args, folder)
+
+
+def _stability(args: argparse.Namespace, folder: Path) -> int:
+    from clbench.analysis.paired import row_label, scenario_label
+    from clbench.analysis.stability import row_stability, training_loss_curves
+
+    found, problems = record_files.load_dir(folder)
+    for problem in problems:
+        print(f"skipped: {problem}")
+    header = ["scenario", "row", "seeds", "epochs", "seed_spread", "roughness", "reversals", "final_spread"]
+    table = []
+    for label in args.rows:
+        scenarios = sorted({scenario_label(r) for r in found if row_label(r) == label})
+        if not scenarios:
+            raise ConfigError(f"{folder}: no record of row {label!r}; its rows: "
+                              f"{', '.join(sorted({row_label(r) for r in found}))}.")
+        for scenario in scenarios:
+            s = row_stability(training_loss_curves(found, folder, label, scenario))
+            table.append([scenario, label, s.seeds, s.epochs, _g(s.seed_spread), _g(s.roughness), _g(s.reversals),
+                          _g(s.final_spread)])
+    out = Path(args.out) if args.out else folder
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "stability.csv", "w", newline="") as f:
+        csv.writer(f).writerows([header, *([*map(csv_cell, row[:2]), *row[2:]] for row in table)])
+    print(" | ".join(header))
+    for row in table:
+        print(" | ".join(str(v) for v in row))
+    return 0
+
+
 LABELS = 4
 """paired.csv's columns copied from labels given by the user (scenario, A, B, metric): written through
 :func:`clbench.escaping.csv_cell` (a label cannot be a spreadsheet formula); the numbers are written as they are."""
@@ -117,7 +159,7 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-ANALYSES = {"dual-form": dual_form, "paired": paired}
+ANALYSES = {"dual-form": dual_form, "paired": paired, "stability": stability}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,5 +167,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 COMMANDS.register("analyze")(Command("analyses of recorded runs (dual-form: attention over training patterns; "
-                                     "paired: paired differences between suite rows over seeds)",
+                                     "paired: paired differences between suite rows over seeds; stability: spread and roughness of "
+                                     "per-epoch training losses)",
                                      _add_arguments, run))
