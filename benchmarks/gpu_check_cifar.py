@@ -42,7 +42,7 @@ def split_cifar100_subset(*, path: str, seed: int = 0, n_experiences: int = 10, 
                               classes_per_experience=tuple(increments_for(len(order), n_experiences, initial_classes)),
                               input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD,
                               default_model=default_model, extra={"class_order_name": class_order})
-    return image_class_incremental(info, arrays, order, train_transform=crop_flip(32, padding=4))
+    return image_class_incremental(info, arrays, order, batch_augment=crop_flip(32, padding=4))
 
 
 def write_subset(out: Path, train_per_class: int, test_per_class: int) -> SplitArrays:

@@ -7,8 +7,9 @@ For each shape, both sides train the same network (the bare side a copy of the s
   NaN guard), as :func:`clbench.runner.execute` calls it;
 - bare: ``for idx in randperm(n).split(B): x = augment(X[idx].to(device)); loss = CE(model(x), y); step`` (the
   random crop with zero padding and the horizontal flip drawn for the whole batch on the device,
-  :meth:`clbench.augment.CropFlip.batch`; clbench's side crops and flips each image in the data loader, the
-  scenario's per-sample transform).
+  :meth:`clbench.augment.CropFlip.batch`). clbench's side applies the same: the scenario declares the crop and flip
+  as its batch augmentation and the template bridge applies ``CropFlip.batch`` to each minibatch on the device
+  (:meth:`clbench.callbacks.CallbackList.augment_batch`), so both sides pay for the same augmentation.
 
 Epochs alternate (clbench, bare, clbench, ...) after one warm-up epoch each, and the ratio of the median epoch times
 ``clbench / bare`` is printed with each side's items per second (target for ``resnet32`` on CPU: <= 1.15).

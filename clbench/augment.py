@@ -12,16 +12,25 @@
   applied as one gather on the batch's device. Its draws differ from ``B`` per-sample calls: a loop that switches
   from one to the other changes its random numbers, not their distribution.
 
+**Where each is used.** The image scenarios declare a ``CropFlip`` as their batch augmentation
+(:attr:`clbench.protocol.ClassificationInfo.batch_augment`; their datasets have no per-sample train transform) and
+every training loop applies :meth:`CropFlip.batch` to each training minibatch once, before the forward
+(:meth:`clbench.callbacks.CallbackList.augment_batch`: the template bridge and :func:`clbench.training.fit_dataset`).
+Pretraining keeps the per-sample path (:class:`AugmentedSamples`, ``__call__`` per sample in the data loader), so
+its checkpoints stay bit-identical to those made with the per-sample dataset transform.
+
 The zero fill is the mean colour of normalized inputs. Shapes: out ``(C, size, size)`` / ``(B, C, size, size)``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.data import Dataset
 
 
 @dataclass(frozen=True)
@@ -72,4 +81,20 @@ class CropFlip:
         return rows_kept.gather(3, col_index[:, None, None, :].expand(b, c, self.size, self.size))
 
 
-__all__ = ["CropFlip"]
+class AugmentedSamples(Dataset):
+    """``(augment(x), y, *rest)`` for each sample ``(x, y, *rest)`` of ``dataset``: a per-sample train transform put
+    back on a dataset whose scenario declares it as a batch augmentation (``augment`` None: the samples as they are).
+    Drawn in the data loader's order, sample by sample, exactly as the dataset's own train transform drew."""
+
+    def __init__(self, dataset: Any, augment: CropFlip | None) -> None:
+        self.dataset, self.augment = dataset, augment
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple:
+        x, *rest = self.dataset[index]
+        return (x if self.augment is None else self.augment(x), *rest)
+
+
+__all__ = ["AugmentedSamples", "CropFlip"]

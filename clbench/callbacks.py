@@ -4,6 +4,7 @@ template, and :func:`clbench.training.fit` (tangent members, NLFT and any strate
 A run's hook sequence, whatever the loop::
 
     on_experience_start(t)                       # fired by the runner around strategy.train(experience t)
+        x = augment_batch(x)                     # the scenario's batch augmentation (not a hook: see below)
         on_batch_start(x, y)                     # a minibatch: x (B, ...), y (B,)
         after_forward(loss)                      # the full training loss (scalar), every term added
         after_backward(model)                    # gradients present, before the optimizer step
@@ -21,6 +22,19 @@ Before a training call's first batch (each :func:`~clbench.training.fit` call, e
 asks ``batch_sampler(n, batch_size, epochs)``: a callback may return a :data:`BatchPlan` that replaces the loop's
 shuffled fixed-size minibatches (private training draws Poisson batches); at most one callback may. After the run,
 ``extra_metrics()`` of every callback joins the record's extra metrics (private training reports ``epsilon``).
+
+**Batch augmentation.** A scenario that declares its train augmentation as a batch augmentation
+(:attr:`clbench.protocol.ClassificationInfo.batch_augment`, a :class:`~clbench.augment.CropFlip`: the image
+scenarios) has no per-sample train transform; the strategy's :class:`CallbackList` carries it
+(``CallbackList(batch_augment=...)``, set by :class:`~clbench.protocol.StrategyBase`) and
+:meth:`CallbackList.augment_batch` applies ``batch_augment.batch`` to each training minibatch ONCE, on the batch's
+device, just before ``on_batch_start`` and the forward. The one place each loop calls it: the bridge's
+``before_training_iteration`` (Avalanche templates: after the data loader's batch, replayed buffer samples of a
+replay data loader included, and before the template's own ``_before_forward``, so DyTox's further augmentations
+and MixUp come after it as they came after the per-sample crop), and :func:`clbench.training.fit_dataset`
+(:func:`~clbench.training.fit` trains on stored tensors without augmentation and does not call it). A strategy
+that forwards samples of its own outside the minibatch calls ``self.callbacks.augment_batch`` on them. Evaluation
+never augments (it fires none of these).
 
 Every :class:`CallbackList` checks the loss first: a non-finite loss raises :class:`~clbench.errors.NonFiniteLossError`
 with the same message in every loop, and the run is marked failed.
@@ -46,6 +60,7 @@ from typing import Annotated, Any, ClassVar, TypeVar
 import torch
 from torch import Tensor, nn
 
+from clbench.augment import CropFlip
 from clbench.errors import NonFiniteLossError
 from clbench.metrics import MetricSpec, summarize_matrix
 from clbench.registry import CALLBACKS
@@ -55,9 +70,9 @@ from clbench.typecheck import AT_LEAST_1
 # purpose, and its "No loggers specified" warning would print for every run
 warnings.filterwarnings("ignore", message="No loggers specified")
 
-BATCH_HOOKS_FIRED = {"on_batch_start": 0}
-"""Batches started by every :class:`CallbackList` of this process (:func:`clbench.protocol.hooks_checked` compares
-them with the optimizer steps taken)."""
+BATCH_HOOKS_FIRED = {"on_batch_start": 0, "augment_batch": 0}
+"""Batches started (and batches offered to the batch augmentation) by every :class:`CallbackList` of this process
+(:func:`clbench.protocol.hooks_checked` compares the batches started with the optimizer steps taken)."""
 
 C = TypeVar("C", bound="Callback")
 
@@ -181,12 +196,21 @@ class Callback:
 
 class CallbackList(Callback):
     """The callbacks of one training process, in attachment order, with the specs they were built from (so that a
-    member job elsewhere can rebuild them: :meth:`specs`). Always guards the loss against non-finite values."""
+    member job elsewhere can rebuild them: :meth:`specs`). Always guards the loss against non-finite values.
+    ``batch_augment``: the scenario's batch augmentation that :meth:`augment_batch` applies (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_augment: CropFlip | None = None) -> None:
         self.callbacks: list[Callback] = []
         self._specs: list[CallbackSpec] = []
         self.context = CallbackContext()
+        self.batch_augment = batch_augment
+
+    def augment_batch(self, x: Tensor) -> Tensor:
+        """A training minibatch ``(B, C, H, W)`` -> ``batch_augment.batch(x)`` ``(B, C, size, size)`` on
+        ``x.device`` (draws from torch's global CPU generator); ``x`` itself when there is no batch augmentation.
+        Called once per training minibatch by every loop (module docstring), never at evaluation."""
+        BATCH_HOOKS_FIRED["augment_batch"] += 1
+        return x if self.batch_augment is None else self.batch_augment.batch(x)
 
     @classmethod
     def build(cls, specs: Iterable[CallbackSpec], context: CallbackContext) -> CallbackList:
@@ -287,6 +311,10 @@ class CallbackBridge:
             strategy.dataloader = planned_loader(strategy, plan)
 
     def before_training_iteration(self, strategy, **kwargs) -> None:
+        """The batch augmentation of the minibatch (on the template's device), then ``on_batch_start``."""
+        x = self.callbacks.augment_batch(strategy.mb_x)
+        if x is not strategy.mb_x:
+            strategy.mbatch[0] = x
         self.callbacks.on_batch_start(strategy.mb_x, strategy.mb_y)
 
     def before_backward(self, strategy, **kwargs) -> None:

@@ -2,12 +2,20 @@
 ``--init`` / ``init:`` load (the linearization point of the tangent strategies, the frozen backbone of PETL and of
 private fine-tuning).
 
-It trains through the one loop, :func:`clbench.training.fit_dataset` (the scenario's train augmentation per sample,
+It trains through the one loop, :func:`clbench.training.fit_dataset` (the scenario's train augmentation PER SAMPLE,
 AdamW, the one-cycle :class:`~clbench.training.Schedule` per minibatch with 10% warm-up: torch's ``OneCycleLR``
 rates and β1), so every callback reaches it: the non-finite
 loss guard always, and any :data:`~clbench.callbacks.CALLBACKS` entry given (loggers, ``hook_trace``, ``dual_form``).
 After each epoch the source test accuracy (the experiences' test sets, predicted among their own classes) is
 reported. ``run_bench.py pretrain`` (:mod:`clbench.commands.pretrain`) is its command line.
+
+Augmentation: pretraining keeps the per-sample path on purpose. The image scenarios declare their crop and flip as
+a batch augmentation (``info.batch_augment``, which continual runs apply per minibatch); here it is put back on
+each training dataset as a per-sample transform (:class:`clbench.augment.AugmentedSamples`, ``CropFlip.__call__``
+in the data loader, the draws and output of torchvision v2's crop and flip bit for bit), and the loop's callbacks
+carry no batch augmentation. The draws are those the scenario's per-sample dataset transform made, in the same
+order, so a checkpoint is bit-identical to one made before the batched path existed (``checkpoints/
+vit64_c100_upper.pt``, sha256 ``3428fe79f73ad28e...``, which committed records reference).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import ConcatDataset, DataLoader
 
+from clbench.augment import AugmentedSamples
 from clbench.callbacks import Callback, CallbackContext, CallbackList, CallbackSpec
 from clbench.registry import MODELS, SCENARIOS
 from clbench.training import FitSettings, Schedule, fit_dataset
@@ -87,7 +96,9 @@ def pretrain(setup: Pretraining, callbacks: Iterable[CallbackSpec] = (), artifac
     torch.manual_seed(setup.seed)
     scenario = SCENARIOS.get(setup.scenario)(seed=setup.seed, **setup.scenario_args)
     model = MODELS.get("vit")(scenario.info, **setup.model_args)
-    train = ConcatDataset([scenario.train_stream[t].dataset.train() for t in setup.experiences])
+    augment = getattr(scenario.info, "batch_augment", None)         # per sample here (module docstring)
+    train = ConcatDataset([AugmentedSamples(scenario.train_stream[t].dataset.train(), augment)
+                           for t in setup.experiences])
     classes = torch.tensor([c for t in setup.experiences for c in scenario.info.class_range(t)])
     context = CallbackContext(run_id="pretrain", artifacts=artifacts, modules=lambda: {"model": model},
                               n_train=len(train))

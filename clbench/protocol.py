@@ -57,6 +57,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from clbench.augment import CropFlip
 from clbench.typecheck import declarations
 
 if TYPE_CHECKING:
@@ -100,7 +101,12 @@ class ClassificationInfo(ScenarioInfo):
     introduces (``n_experiences`` is derived from it). In task-incremental scenarios (``task_aware``) the task label
     of each sample is given at train and test time and predictions are made among that task's classes only.
     ``domain_incremental`` scenarios reuse the same labels in every experience (``classes_per_experience[t]`` then
-    counts the labels of that experience, all of them shared)."""
+    counts the labels of that experience, all of them shared).
+
+    ``batch_augment``: the scenario's train augmentation, declared here instead of as a per-sample dataset
+    transform (the image scenarios: :class:`~clbench.augment.CropFlip`). Every training loop applies
+    ``batch_augment.batch`` to each training minibatch once, on the batch's device, before the batch hooks and the
+    forward (:meth:`clbench.callbacks.CallbackList.augment_batch`); evaluation never does. None: no augmentation."""
 
     n_experiences: int = 0
     n_classes: int
@@ -111,6 +117,7 @@ class ClassificationInfo(ScenarioInfo):
     domain_incremental: bool = False
     default_model: str = "mlp"                  # backbone used when a strategy's config says model="auto"
     class_order: tuple[int, ...] = ()           # original label of renumbered class c (for reports)
+    batch_augment: CropFlip | None = None       # train augmentation of every training minibatch (docstring)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_experiences", len(self.classes_per_experience))
@@ -219,7 +226,7 @@ class StrategyBase:
         from clbench.callbacks import CallbackList  # imported here: registering a callback checks it with this module
 
         self.info, self.device, self.config = info, torch.device(device), config
-        self.callbacks = CallbackList()
+        self.callbacks = CallbackList(batch_augment=getattr(info, "batch_augment", None))
 
     def __getattr__(self, name: str) -> Any:
         """Only reached for a missing attribute: the ones ``StrategyBase.__init__`` sets name the contract."""

@@ -5,7 +5,10 @@ loop, and the optimizers every loop builds from.
 :mod:`clbench.callbacks` hooks (``on_batch_start``, ``after_forward`` — which also fails the run on a non-finite
 loss —, ``after_backward``, ``after_step``), exactly as :class:`~clbench.callbacks.CallbackPlugin` does inside an
 Avalanche template. Tangent members, NLFT, sequence models, pretraining (:func:`fit_dataset`, over a dataset with
-per-sample augmentation) and future non-template strategies train through it. Called without ``callbacks=`` while a
+per-sample augmentation) and future non-template strategies train through it. :func:`fit_dataset` also applies the
+scenario's batch augmentation (``callbacks.augment_batch``: :mod:`clbench.callbacks`) to each minibatch before
+``on_batch_start`` and the forward, where the bridge applies it in a template; :func:`fit` (stored tensors, trained
+without augmentation) does not. Called without ``callbacks=`` while a
 strategy trains in a run (:func:`strategy_training`, entered by the runner around ``strategy.train``), it fires the
 strategy's callbacks: a strategy of one's own that forgets to pass them still writes its training log and artifacts,
 trains privately when asked and keeps the NaN guard (pass ``callbacks=CallbackList()`` to train an auxiliary model
@@ -235,9 +238,11 @@ def fit(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[
 def fit_dataset(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[nn.Parameter],
                 dataset: Dataset, objective: Callable[[Tensor, Tensor], Tensor], settings: FitSettings, seed: int,
                 callbacks: CallbackList | None = None) -> int:
-    """:func:`fit` over a map-style ``dataset`` of ``(x, y, *rest)`` samples whose transforms run per sample (a
-    scenario's train augmentation, drawn from the global RNG): epoch ``e`` is a ``DataLoader`` shuffled by a generator
-    seeded ``seed + e`` (or the callbacks' batch plan, drawn from that generator)."""
+    """:func:`fit` over a map-style ``dataset`` of ``(x, y, *rest)`` samples whose transforms run per sample (drawn
+    from the global RNG): epoch ``e`` is a ``DataLoader`` shuffled by a generator seeded ``seed + e`` (or the
+    callbacks' batch plan, drawn from that generator). Each minibatch then goes through
+    ``callbacks.augment_batch`` (the scenario's batch augmentation of the strategy's callbacks, drawn from the
+    global RNG; none for a ``CallbackList()`` built without one, as pretraining's) before ``on_batch_start``."""
 
     def epoch_batches(plan: BatchPlan | None, epoch: int) -> Iterator[tuple[Tensor, Tensor]]:
         generator = torch.Generator().manual_seed(seed + epoch)
@@ -249,14 +254,16 @@ def fit_dataset(model: nn.Module, forward: Callable[[Tensor], Tensor], params: I
         for x, y, *_ in loader:
             yield x, y
 
-    return _loop(model, forward, params, len(dataset), epoch_batches, objective, settings, callbacks)
+    return _loop(model, forward, params, len(dataset), epoch_batches, objective, settings, callbacks, augment=True)
 
 
 def _loop(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterable[nn.Parameter], n: int,
           epoch_batches: Callable[[BatchPlan | None, int], Iterable[tuple[Tensor, Tensor]]],
-          objective: Callable[[Tensor, Tensor], Tensor], settings: FitSettings, callbacks: CallbackList | None) -> int:
+          objective: Callable[[Tensor, Tensor], Tensor], settings: FitSettings, callbacks: CallbackList | None,
+          augment: bool = False) -> int:
     """The loop of :func:`fit` and :func:`fit_dataset`: ``epoch_batches(plan, epoch)`` yields the minibatches
-    ``(x, y)`` of one epoch over ``n`` samples (``plan``: the callbacks' batch plan, or None). The rate comes from
+    ``(x, y)`` of one epoch over ``n`` samples (``plan``: the callbacks' batch plan, or None); with ``augment``
+    each goes through ``callbacks.augment_batch`` first. The rate comes from
     ``settings.schedule``: set before each epoch or before each of the ``T = epochs·⌈n/batch_size⌉`` steps (a
     callback's batch plan, such as dp's Poisson sampling, draws ⌈n/batch_size⌉ minibatches per epoch too)."""
     if callbacks is None:
@@ -272,6 +279,8 @@ def _loop(model: nn.Module, forward: Callable[[Tensor], Tensor], params: Iterabl
         for x, y in epoch_batches(plan, epoch):
             if schedule.per == "step":
                 schedule.apply(optimizer, steps, total)
+            if augment:
+                x = callbacks.augment_batch(x)
             callbacks.on_batch_start(x, y)
             loss = objective(forward(x), y)
             callbacks.after_forward(loss)

@@ -10,7 +10,9 @@ step included: the papers' "B50, 10 steps" (50 + 10 x 5 classes) is ``initial_cl
 50) of the fixed order as ONE experience, for a backbone pre-trained on the disjoint classes 50-99.
 
 Small versions (tests, CPU presets): ``classes=k`` keeps the first ``k`` classes of the class order, ``max_per_class``
-the first images of each class. Train augmentation: random crop with 4-pixel padding and horizontal flip.
+the first images of each class. Train augmentation: random crop with 4-pixel padding and horizontal flip, declared
+as the batch augmentation ``info.batch_augment`` (applied to each training minibatch by the training loop,
+:mod:`clbench.callbacks`; the datasets have no per-sample train transform).
 ``holdout: valid`` scores ``valid_fraction`` of each class's training images (after ``max_per_class``) instead of the
 test set (:class:`clbench.streams.Holdout`).
 Data: the official python pickles (``cifar-100-python/``) or ``cifar100/cifar100.npz`` under a data root.
@@ -45,7 +47,7 @@ def split_cifar100(*, seed: int = 0, n_experiences: int = 10, initial_classes: i
                               input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD,
                               default_model=default_model, extra={"class_order_name": class_order})
     return image_class_incremental(info, data.load(data.CIFAR100, data_root), order, max_per_class,
-                                   train_transform=crop_flip(32, padding=4), holdout=Holdout(holdout, valid_fraction))
+                                   batch_augment=crop_flip(32, padding=4), holdout=Holdout(holdout, valid_fraction))
 
 
 def _holdout_check(default_classes: int):
@@ -76,7 +78,7 @@ def cifar100_transfer(*, seed: int = 0, classes: int = 50, max_per_class: int | 
                               input_shape=(3, 32, 32), mean=CIFAR100_MEAN, std=CIFAR100_STD,
                               default_model=default_model, extra={"class_order_name": "fixed"})
     return image_class_incremental(info, data.load(data.CIFAR100, data_root), order, max_per_class,
-                                   train_transform=crop_flip(32, padding=4), holdout=Holdout(holdout, valid_fraction))
+                                   batch_augment=crop_flip(32, padding=4), holdout=Holdout(holdout, valid_fraction))
 
 
 cifar100_transfer.check_args = _holdout_check(50)

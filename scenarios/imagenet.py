@@ -12,7 +12,8 @@ is the ``i``-th selected wnid in sorted order, so ``class_order=1`` (DyTox's Ima
 indexes the sorted ImageNet-100 wnids as in DyTox; ``"fixed"`` and ``"random"`` work for any number of classes.
 
 Steps, ``initial_classes``, ``classes`` and ``max_per_class`` work as in ``split_cifar100``. Inputs are normalized with
-ImageNet's statistics; train augmentation: random crop with ``size // 8`` padding and horizontal flip. Memory: a
+ImageNet's statistics; train augmentation: random crop with ``size // 8`` padding and horizontal flip, declared as
+the batch augmentation ``info.batch_augment`` (applied to each training minibatch by the training loop). Memory: a
 full ImageNet-100 (about 130,000 images) at 224 px takes about 20 GB as uint8 — use ``image_size`` (e.g. 64)
 or ``max_per_class`` on small machines. ``holdout: valid`` scores ``valid_fraction`` of each class's training images
 instead of the ``val`` folder (:class:`clbench.streams.Holdout`; the class counts are known only once the folder is
@@ -50,5 +51,5 @@ def split_imagenet_subset(*, seed: int = 0, root: str = "tiny-imagenet-100", cla
                               input_shape=(3, size, size), mean=IMAGENET_MEAN, std=IMAGENET_STD,
                               default_model=default_model,
                               extra={"root": root, "wnids": arrays.class_names, "class_order_name": class_order})
-    return image_class_incremental(info, arrays, order, max_per_class, train_transform=crop_flip(size, size // 8),
+    return image_class_incremental(info, arrays, order, max_per_class, batch_augment=crop_flip(size, size // 8),
                                    holdout=Holdout(holdout, valid_fraction))

@@ -84,8 +84,8 @@ class DyToxConfig(RangeChecked):
     finetune_lr: float = 5e-5                    # scaled by batch_size / 512
     mixup_alpha: float = 0.0                     # 0: no MixUp
     label_smoothing: float = setting(0.0, within=HALF_OPEN_FRACTION)
-    # batch augmentations (keys of AUGMENTATIONS) on top of the scenario's own train transform; split_cifar100
-    # already applies the official random crop (padding 4) + flip, the official recipe adds these two:
+    # batch augmentations (keys of AUGMENTATIONS) after the scenario's own (split_cifar100's batch_augment, the
+    # official random crop (padding 4) + flip, applied to the minibatch first); the official recipe adds these two:
     augment: tuple[str, ...] = setting(("color_jitter", "randaugment"), choices=lambda: sorted(AUGMENTATIONS))
     crop_padding: int = setting(4, only_with=UsedOnlyWith("augment", lambda v: "crop" in v, "a list with crop",
                                                           ("crop",)))

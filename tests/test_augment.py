@@ -96,3 +96,32 @@ def test_crop_larger_than_the_padded_image_is_refused():
         CropFlip(40, 2)(torch.zeros(1, 32, 32))
     with pytest.raises(ValueError, match="padding >= 0"):
         CropFlip(32, -1)
+
+
+def test_augmented_samples_draw_what_the_per_sample_dataset_transform_drew_bit_for_bit():
+    """Pretraining's path (:class:`~clbench.augment.AugmentedSamples` over a scenario whose crop and flip are its
+    batch augmentation) yields the minibatches, bit for bit and draw for draw, that the same scenario built with
+    the per-sample train transform gave: its checkpoints stay those made before the batched path."""
+    from torch.utils.data import ConcatDataset, DataLoader
+
+    from clbench.augment import AugmentedSamples
+    from clbench.protocol import ClassificationInfo
+    from clbench.streams import class_incremental
+
+    x, y = torch.randn(24, 3, 8, 8), torch.arange(4).repeat_interleave(6)
+    info = ClassificationInfo(name="tiny", n_classes=4, classes_per_experience=(2, 2), input_shape=(3, 8, 8))
+    augment = CropFlip(8, padding=1)
+    old = class_incremental(info, x, y, x, y, class_order=[0, 1, 2, 3], train_transform=augment)
+    new = class_incremental(info, x, y, x, y, class_order=[0, 1, 2, 3])
+    datasets = {"per-sample transform": ConcatDataset([e.dataset.train() for e in old.train_stream]),
+                "AugmentedSamples": ConcatDataset([AugmentedSamples(e.dataset.train(), augment)
+                                                   for e in new.train_stream])}
+    def draws(dataset) -> list[torch.Tensor]:
+        torch.manual_seed(3)
+        loader = DataLoader(dataset, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(0))
+        return [t for _ in range(2) for batch in loader for t in batch] + [torch.rand(1)]   # and the RNG after
+
+    before, after = (draws(d) for d in datasets.values())
+    assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))
+    plain = draws(ConcatDataset([e.dataset.train() for e in new.train_stream]))
+    assert not torch.equal(plain[0], after[0])                                 # the samples were augmented

@@ -7,6 +7,7 @@ the loss guard raises before any callback sees a non-finite loss, the Avalanche 
 the hooks, hook_trace writes what it promises, and the runner fires the evaluation and run-end hooks with the
 scores of each step (:class:`~clbench.callbacks.Evaluation`) and the record's metrics."""
 
+import dataclasses
 import json
 import math
 import re
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from clbench.augment import CropFlip
 from clbench.callbacks import (
     CALLBACKS,
     Callback,
@@ -668,3 +670,95 @@ def test_hook_trace_removes_an_earlier_attempts_file_only_in_the_runs_own_proces
     (tmp_path / "other.jsonl").write_text("x\n")
     HookTrace().setup(CallbackContext(artifacts=tmp_path, member=member))
     assert (tmp_path / "hooks.jsonl").exists() is kept and (tmp_path / "other.jsonl").read_text() == "x\n"
+
+
+# ------------------------------------------------------------------------------------------- batch augmentation
+@dataclasses.dataclass(frozen=True)
+class CountingCropFlip(CropFlip):
+    """A :class:`~clbench.augment.CropFlip` that records the size of each batch it augments and its output."""
+
+    calls: list = dataclasses.field(default_factory=list, compare=False)
+
+    def batch(self, x):
+        out = super().batch(x)
+        self.calls.append(out)
+        return out
+
+
+def _tiny_images(augment: CropFlip) -> object:
+    """Two experiences of two classes each, 6 random 3x8x8 images per class, ``augment`` as batch augmentation."""
+    from clbench.protocol import ClassificationInfo
+    from clbench.streams import class_incremental
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(24, 3, 8, 8, generator=g), torch.arange(4).repeat_interleave(6)
+    info = ClassificationInfo(name="tiny_images", n_classes=4, classes_per_experience=(2, 2), input_shape=(3, 8, 8),
+                              default_model="mlp", batch_augment=augment)
+    return class_incremental(info, x, y, x[::3], y[::3], class_order=[0, 1, 2, 3])
+
+
+def _replay_run(augment: CropFlip) -> list:
+    """A replay run (memory 4, batch 4) over :func:`_tiny_images`, evaluated after each step; returns what
+    ``on_batch_start`` saw: ``(x, y)`` per training minibatch."""
+    from clbench.config import build_config
+    from clbench.protocol import hooks_checked
+    from clbench.registry import STRATEGIES
+    from clbench.runner import seed_everything
+
+    seed_everything(0)
+    scenario = _tiny_images(augment)
+    strategy = STRATEGIES.get("replay")(scenario.info, "cpu", build_config(
+        "replay", "cpu", {"epochs": 1, "batch_size": 4, "mem_size": 4, "model_args": {"hidden": [8]}}))
+    seen: list = []
+    strategy.callbacks.callbacks.append(type("Seen", (Callback,), {"on_batch_start": lambda s, x, y: seen.append(
+        (x, y))})())
+    for step, experience in enumerate(scenario.train_stream):
+        with hooks_checked(strategy, step):
+            strategy.train(experience)
+        calls = len(augment.calls)
+        scenario.evaluator(strategy, scenario, step, torch.device("cpu"))
+        assert len(augment.calls) == calls, "the evaluation augmented its inputs"
+    return seen
+
+
+def test_the_batch_augmentation_runs_once_per_training_minibatch_buffer_included_and_never_at_evaluation():
+    """A scenario's ``batch_augment`` goes through the strategy's callbacks into the template: each training
+    minibatch is augmented exactly once (``on_batch_start`` sees that output), replayed buffer samples in it
+    (the second experience's minibatches hold 4 new + up to 4 buffer samples), and the evaluator's forwards are
+    not. Catches the hook removed, applied twice, applied before the replay loader joined the buffer, or at
+    evaluation."""
+    augment = CountingCropFlip(8, padding=1)
+    seen = _replay_run(augment)
+    assert len(augment.calls) == len(seen) == 3 + 3                      # 12 samples / batch 4, per experience
+    assert all(x is out for (x, _), out in zip(seen, augment.calls))    # the batch the forward gets
+    assert [len(y) for _, y in seen] == [4, 4, 4, 8, 8, 8]             # buffer samples are in the augmented batch
+    assert set(seen[-1][1].tolist()) & {0, 1}                           # ... and they are old classes
+
+
+def test_the_batch_augmentation_draws_the_same_batches_from_the_same_seed():
+    """Same seed, same augmented minibatches (draws from torch's global generator, seeded by the runner)."""
+    first, second = _replay_run(CountingCropFlip(8, padding=1)), _replay_run(CountingCropFlip(8, padding=1))
+    assert all(torch.equal(a, b) and torch.equal(u, v) for (a, u), (b, v) in zip(first, second))
+    assert not all(torch.equal(a, b) for (a, _), (b, _) in zip(first, first[1:]))
+
+
+def test_fit_dataset_augments_each_minibatch_once_and_fit_never():
+    """:func:`~clbench.training.fit_dataset` applies the callbacks' batch augmentation to each minibatch before
+    ``on_batch_start`` and the forward; :func:`~clbench.training.fit` (stored tensors) never does."""
+    augment = CountingCropFlip(4, padding=1)
+    seen: list = []
+    callbacks = CallbackList(batch_augment=augment)
+    callbacks.callbacks.append(type("Seen", (Callback,), {"on_batch_start": lambda s, x, y: seen.append(x)})())
+    x, y = torch.randn(10, 1, 4, 4), torch.arange(10) % 2
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    forwarded: list = []
+    model.register_forward_pre_hook(lambda m, args: forwarded.append(args[0]))
+    settings = FitSettings(epochs=2, batch_size=4, schedule=0.01)
+    steps = fit_dataset(model, model, model.parameters(), torch.utils.data.TensorDataset(x, y),
+                        torch.nn.functional.cross_entropy, settings, seed=0, callbacks=callbacks)
+    assert steps == len(augment.calls) == len(seen) == 6
+    assert all(a is b is c for a, b, c in zip(augment.calls, seen, forwarded))
+    fit(model, model, model.parameters(), x, y, torch.nn.functional.cross_entropy, settings, seed=0,
+        callbacks=callbacks)
+    assert len(augment.calls) == 6 and len(seen) == 12
+    assert CallbackList().augment_batch(x) is x                          # no batch augmentation: the batch itself

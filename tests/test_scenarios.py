@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from clbench import data
+from clbench.augment import CropFlip
 from clbench.data import roots
 from clbench.data.catalog import SplitArrays
 from clbench.data.orders import CIFAR100_ORDERS, IMAGENET100_ORDER1, resolve_class_order
@@ -265,7 +266,10 @@ def test_split_cifar100_normalization_and_train_augmentation():
     assert torch.allclose(mean, torch.zeros(3), atol=0.03) and torch.allclose(std, torch.ones(3), atol=0.03)
     exp = scenario.train_stream[0]
     stored = exp.dataset.eval()[0][0]
-    augmented = [exp.dataset.train()[0][0] for _ in range(20)]
+    # the crop and flip are the batch augmentation of the training loops, not a per-sample dataset transform
+    assert scenario.info.batch_augment == CropFlip(32, padding=4)
+    assert all(torch.equal(exp.dataset.train()[0][0], stored) for _ in range(5))
+    augmented = [scenario.info.batch_augment.batch(stored[None])[0] for _ in range(20)]
     assert all(a.shape == (3, 32, 32) for a in augmented)
     assert any(not torch.equal(a, stored) for a in augmented)     # crops/flips change the image
     assert torch.equal(exp.dataset.eval()[0][0], stored)          # evaluation sees the stored image

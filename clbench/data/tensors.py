@@ -60,16 +60,24 @@ def prepared_tensors(data: SplitArrays, mean: Sequence[float], std: Sequence[flo
 
 def image_class_incremental(info: ClassificationInfo, data: SplitArrays, class_order: Sequence[int],
                             max_per_class: int | None = None, train_transform: Transform = None,
-                            holdout: Holdout = TEST_SET) -> Scenario:
+                            holdout: Holdout = TEST_SET, batch_augment: CropFlip | None = None) -> Scenario:
     """The shared path from arrays to a class-incremental scenario: keep the classes of ``class_order`` (which may
     be a prefix of a longer order), normalize with ``info.mean``/``info.std`` and split by
     ``info.classes_per_experience`` (:func:`clbench.streams.class_incremental`, which applies ``holdout``; labels are
-    renumbered by position in ``class_order``). ``info.input_shape`` is filled in from the data."""
+    renumbered by position in ``class_order``). ``info.input_shape`` is filled in from the data.
+
+    Train augmentation: ``batch_augment`` (the image scenarios' :class:`~clbench.augment.CropFlip`) goes into
+    ``info.batch_augment``, applied by the training loops to each minibatch (:mod:`clbench.callbacks`);
+    ``train_transform`` is a per-sample dataset transform instead (give one or the other, not both)."""
+    if batch_augment is not None and train_transform is not None:
+        raise ValueError("image_class_incremental: give batch_augment or train_transform, not both (the samples "
+                         "would be augmented twice).")
     x_train, y_train, x_test, y_test = prepared_tensors(data, info.mean, info.std, class_order, max_per_class)
     # continuum needs labels 0..k-1: number the kept classes densely, split, then report the original order
     dense = torch.full((max(class_order) + 1,), -1, dtype=torch.long)
     dense[sorted(class_order)] = torch.arange(len(class_order))
-    info = dataclasses.replace(info, input_shape=tuple(x_train.shape[1:]))
+    info = dataclasses.replace(info, input_shape=tuple(x_train.shape[1:]),
+                               batch_augment=batch_augment if batch_augment is not None else info.batch_augment)
     scenario = class_incremental(info, x_train, dense[y_train], x_test, dense[y_test],
                                  class_order=dense[list(class_order)].tolist(), train_transform=train_transform,
                                  holdout=holdout)
@@ -77,8 +85,9 @@ def image_class_incremental(info: ClassificationInfo, data: SplitArrays, class_o
     return scenario
 
 
-def crop_flip(size: int, padding: int) -> Transform:
-    """Train augmentation on one ``(C, size, size)`` tensor: random crop after zero padding (zero is the mean colour
-    of normalized inputs), then a random horizontal flip: :class:`clbench.augment.CropFlip`, whose draws and output
-    are those of ``v2.Compose([v2.RandomCrop(size, padding=padding), v2.RandomHorizontalFlip()])`` bit for bit."""
+def crop_flip(size: int, padding: int) -> CropFlip:
+    """Train augmentation: random crop after zero padding (zero is the mean colour of normalized inputs), then a
+    random horizontal flip: :class:`clbench.augment.CropFlip`. Called on one ``(C, size, size)`` tensor its draws
+    and output are those of ``v2.Compose([v2.RandomCrop(size, padding=padding), v2.RandomHorizontalFlip()])`` bit
+    for bit; the image scenarios give it as ``batch_augment`` (:meth:`CropFlip.batch` on each minibatch)."""
     return CropFlip(size, padding)
