@@ -167,6 +167,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 COMMANDS.register("analyze")(Command("analyses of recorded runs (dual-form: attention over training patterns; "
-                                     "paired: paired differences between suite rows over seeds; stability: spread and roughness of "
-                                     "per-epoch training losses)",
+                                     "paired: paired differences between suite rows over seeds; stability: spread "
+                                     "and roughness of per-epoch training losses)",
                                      _add_arguments, run))
