@@ -83,7 +83,7 @@ from torch.optim.lr_scheduler import MultiStepLR
 
 from clbench.precision import in_float32
 from clbench.protocol import ClassificationInfo
-from clbench.strategies.baselines import AvalancheStrategy
+from clbench.strategies.baselines import AvalancheStrategy, augmented_buffer, train_augment
 
 
 class PluginStrategy(AvalancheStrategy):
@@ -187,14 +187,15 @@ class OfflineMIRPlugin(MIRPlugin):
 
     Avalanche builds the buffer after each experience without the classes of the experience's last mini-batch; on
     class-incremental experiences those are the classes of the experience just learnt, never replayed while the
-    next one is learnt.
+    next one is learnt. The candidates drawn from it go through the scenario's batch augmentation
+    (:func:`~clbench.strategies.baselines.augmented_buffer`) before they are scored and replayed.
     """
 
     def after_training_exp(self, strategy, **kwargs):
         self.storage_policy.update(strategy, **kwargs)
         buffer = self.storage_policy.buffer
-        self.replay_loader = (cycle(torch.utils.data.DataLoader(buffer, batch_size=self.subsample, shuffle=True))
-                              if len(buffer) > self.batch_size_mem else None)
+        self.replay_loader = (augmented_buffer(strategy, cycle(torch.utils.data.DataLoader(
+            buffer, batch_size=self.subsample, shuffle=True))) if len(buffer) > self.batch_size_mem else None)
 
 
 class CastBiasLayer(BiasLayer):
@@ -226,13 +227,18 @@ class CorrectedBiCPlugin(BiCPlugin):
         strategy.experience._dataset = reduced
 
     def bias_correction_step(self, strategy, **kwargs):
-        """Avalanche's stage 2, its ``MultiStepLR(..., verbose=False)`` built without ``verbose`` and its bias layer
-        a :class:`CastBiasLayer`."""
+        """Avalanche's stage 2, its ``MultiStepLR(..., verbose=False)`` built without ``verbose``, its bias layer
+        a :class:`CastBiasLayer` and the held-out samples it trains the bias layer on through the scenario's batch
+        augmentation (:func:`~clbench.strategies.baselines.augmented_buffer`), as their train transform was."""
         def scheduler(optimizer, milestones, gamma, verbose=False):
             return MultiStepLR(optimizer, milestones=milestones, gamma=gamma)
 
+        def loader(*args, **loader_kwargs):
+            return augmented_buffer(strategy, torch.utils.data.DataLoader(*args, **loader_kwargs))
+
         with (mock.patch.object(avalanche_bic, "MultiStepLR", scheduler),
-              mock.patch.object(avalanche_bic, "BiasLayer", CastBiasLayer)):
+              mock.patch.object(avalanche_bic, "BiasLayer", CastBiasLayer),
+              mock.patch.object(avalanche_bic, "DataLoader", loader)):
             super().bias_correction_step(strategy, **kwargs)
 
     def cross_entropy(self, new_outputs: Tensor, old_outputs: Tensor) -> Tensor:
@@ -265,11 +271,20 @@ class HookedMER(MER):
     ``after_backward`` and ``before_update`` just before the optimizer's step and ``after_update`` just after it
     (through the optimizer's step hooks): one ``after_forward`` / ``after_backward`` / ``after_step`` per optimizer
     step, ``on_batch_start`` once per mini-batch. The steps themselves are Avalanche's, unchanged (the hooks only
-    read; tests/test_strategies.py compares with Avalanche's own MER).
+    read; tests/test_strategies.py compares with Avalanche's own MER). The memory batch each inner pass joins to the
+    minibatch goes through the scenario's batch augmentation (:func:`~clbench.strategies.baselines.train_augment`;
+    the minibatch itself was augmented by the bridge).
     """
 
     def _inner_updates(self, **kwargs):
         criterion = self._criterion
+        augment, get_batch = train_augment(self), self.buffer.get_batch
+
+        def augmented_get_batch(x: Tensor, y: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            mixed_x, mixed_y, mixed_t = get_batch(x, y, t)
+            if len(mixed_x) > len(x):
+                mixed_x = torch.cat([mixed_x[:len(x)], augment(mixed_x[len(x):])])
+            return mixed_x, mixed_y, mixed_t
 
         def hooked(pred: Tensor, target: Tensor) -> Tensor:
             self.loss = criterion(pred, target)
@@ -284,9 +299,13 @@ class HookedMER(MER):
                    self.optimizer.register_step_post_hook(lambda optimizer, args, step_kwargs: self._after_update(
                        **kwargs))]
         self._criterion = hooked
+        if augment is not None:
+            self.buffer.get_batch = augmented_get_batch
         try:
             super()._inner_updates(**kwargs)
         finally:
             self._criterion = criterion
+            if augment is not None:
+                del self.buffer.get_batch
             for handle in handles:
                 handle.remove()

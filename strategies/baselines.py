@@ -11,12 +11,19 @@ Defaults (``full``) and sources: naive/cumulative/joint/replay/EWC/LwF use SGD l
 dark experience replay (Buzzega et al., 2020): alpha 0.1, beta 0.5 (DER++ when beta > 0, DER when 0);
 EWC (Kirkpatrick et al., 2017) lambda 100 (``separate`` penalties); LwF (Li & Hoiem, 2016) alpha 1, T 2;
 GDumb (Prabhu et al., 2020) memory 2000, retrained from scratch on the memory at every step.
+
+Buffer samples forwarded outside the minibatch: the bridge augments each training minibatch with the scenario's
+batch augmentation (:meth:`clbench.callbacks.CallbackList.augment_batch`), replayed samples a replay data loader
+joined to it included. A strategy that draws buffer samples of its own in training (DER's replay batch, ER-ACE's,
+A-GEM's reference batch, ...) reads them through :func:`augmented_buffer`: the same augmentation, where the dataset's
+per-sample train transform acted on them before the image scenarios declared it as a batch augmentation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from unittest import mock
@@ -31,7 +38,7 @@ from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
 
 from clbench import progress
-from clbench.callbacks import bridge
+from clbench.callbacks import CallbackBridge, bridge
 from clbench.models.checkpoint import load_weights
 from clbench.models.classifier import HEADS, build_classifier
 from clbench.precision import in_float32
@@ -82,6 +89,41 @@ class _EpochProgress(SupervisedPlugin):
 
     def after_training_exp(self, strategy, **kwargs):
         self.bar.close()
+
+
+def train_augment(template: SupervisedTemplate) -> Callable[[Tensor], Tensor] | None:
+    """The scenario's batch augmentation of the clbench callbacks bridged into ``template``
+    (:meth:`~clbench.callbacks.CallbackList.augment_batch`), None when it has none (or no callbacks are bridged)."""
+    for plugin in template.plugins:
+        if isinstance(plugin, CallbackBridge) and plugin.callbacks.batch_augment is not None:
+            return plugin.callbacks.augment_batch
+    return None
+
+
+class AugmentedBatches:
+    """The batches ``(x, *rest)`` of ``batches`` with ``x`` -> ``augment(x)``: ``next()`` draws from an iterator (a
+    replay ``cycle``), iterating makes a fresh pass over an iterable (a ``DataLoader``)."""
+
+    def __init__(self, batches: Iterable, augment: Callable[[Tensor], Tensor]) -> None:
+        self.batches, self.augment = batches, augment
+
+    def __iter__(self):
+        return (self._augmented(batch) for batch in self.batches)
+
+    def __next__(self) -> list:
+        return self._augmented(next(self.batches))
+
+    def _augmented(self, batch) -> list:
+        x, *rest = batch
+        return [self.augment(x), *rest]
+
+
+def augmented_buffer(template: SupervisedTemplate, batches: Iterable | None) -> Iterable | None:
+    """``batches`` (a buffer's loader or iterator, read by a strategy in training outside the bridged minibatch)
+    with each batch's inputs through :func:`train_augment` (module docstring); ``batches`` itself when the scenario
+    has no batch augmentation or there are none."""
+    augment = train_augment(template)
+    return batches if augment is None or batches is None else AugmentedBatches(batches, augment)
 
 
 class AvalancheStrategy(StrategyBase):
@@ -269,12 +311,22 @@ class DarkERConfig(TrainConfig):
     beta: float = setting(0.5, within=NON_NEGATIVE)                  # CE on the memory (DER++ when > 0)
 
 
+class AugmentedReplayDER(DER):
+    """Avalanche's DER whose replay batch goes through the scenario's batch augmentation (:func:`augmented_buffer`):
+    DER joins it to the minibatch in ``_before_forward``, after the bridge augmented the minibatch. The stored logits
+    are the buffer's, as computed when stored (on the untransformed samples, in eval mode)."""
+
+    def _before_training_exp(self, **kwargs):
+        super()._before_training_exp(**kwargs)
+        self.replay_loader = augmented_buffer(self, self.replay_loader)
+
+
 @STRATEGIES.register("der_dark")
 class DarkExperienceReplayStrategy(AvalancheStrategy):
     """Dark experience replay: ``CE + alpha ||z_mem - z_stored||^2 (+ beta CE on memory = DER++)``
     (Buzzega et al., 2020). Needs a fixed-width head (stored logits keep their width)."""
 
-    template_cls = DER
+    template_cls = AugmentedReplayDER
     head = "fixed"
     Config = DarkERConfig
     # DER++'s own setting (Buzzega et al., 2020, CIFAR: SGD lr 0.03 without momentum, batch 32, 50 epochs): the

@@ -45,15 +45,24 @@ MIR subsample 200, GSS memory 200 and ``mem_strength`` 1, BiC memory 200 (its pl
 100-d prototypes. The training settings are
 :class:`~clbench.strategies.baselines.TrainConfig`'s and the shared ``cpu``/``full`` presets (the online papers use
 batch 10 and one epoch). Suites give every method the same memory: GEM/A-GEM as ``patterns_per_exp`` per experience.
+
+Memory samples and the scenario's batch augmentation (:func:`~clbench.strategies.baselines.augmented_buffer`): the
+samples each method forwards in training outside the bridged minibatch go through it where the dataset's per-sample
+train transform acted on them before: ER-ACE's and ER-AML's replay batches and ER-AML's positives/negatives, A-GEM's
+reference batch, MIR's candidates, MER's memory batch, BiC's held-out samples in its bias-layer training (each drawn
+batch augmented afresh), and GEM's memory once, when stored (GEM stored the tensors its train-transformed data loader
+gave). Feature replay's stored features are not images.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from unittest import mock
 
 from avalanche.training import AGEM, ER_ACE, ER_AML, GEM, FeatureReplay
 from avalanche.training.losses import MaskedCrossEntropy
-from avalanche.training.plugins import BiCPlugin, SupervisedPlugin
+from avalanche.training.plugins import AGEMPlugin, BiCPlugin, GEMPlugin, SupervisedPlugin
+from avalanche.training.supervised import strategy_wrappers
 from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
 
@@ -67,7 +76,7 @@ from clbench.strategies.avalanche_plugins import (
     PluginStrategy,
     require_single_head,
 )
-from clbench.strategies.baselines import AvalancheStrategy, TrainConfig
+from clbench.strategies.baselines import AvalancheStrategy, TrainConfig, augmented_buffer, train_augment
 from clbench.typecheck import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, setting
 
 
@@ -77,6 +86,18 @@ class GEMConfig(TrainConfig):
     memory_strength: float = setting(0.5, within=NON_NEGATIVE)   # γ
 
 
+class AugmentedMemoryGEMPlugin(GEMPlugin):
+    """Avalanche's GEM plugin whose memory of each experience, stored as tensors, goes through the scenario's batch
+    augmentation once when stored (:func:`~clbench.strategies.baselines.train_augment`), as the train transform of
+    the data loader it is stored from acted on it before."""
+
+    def after_training_exp(self, strategy, **kwargs):
+        super().after_training_exp(strategy, **kwargs)
+        augment, t = train_augment(strategy), strategy.clock.train_exp_counter
+        if augment is not None and t in self.memory_x:
+            self.memory_x[t] = augment(self.memory_x[t])
+
+
 @STRATEGIES.register("gem")
 class GEMStrategy(AvalancheStrategy):
     """Gradient episodic memory: the gradient projected so no previous experience's memory loss rises (QP)."""
@@ -84,11 +105,24 @@ class GEMStrategy(AvalancheStrategy):
     template_cls = GEM
     Config = GEMConfig
 
+    def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
+        with mock.patch.object(strategy_wrappers, "GEMPlugin", AugmentedMemoryGEMPlugin):
+            return super().make_template(model, common)
+
 
 @dataclass
 class AGEMConfig(TrainConfig):
     patterns_per_exp: int = setting(250, within=AT_LEAST_1)
     sample_size: int = 256               # memory samples in the reference gradient
+
+
+class AugmentedMemoryAGEMPlugin(AGEMPlugin):
+    """Avalanche's A-GEM plugin whose reference batches (drawn from the memory before each training iteration) go
+    through the scenario's batch augmentation (:func:`~clbench.strategies.baselines.augmented_buffer`)."""
+
+    def after_training_exp(self, strategy, **kwargs):
+        super().after_training_exp(strategy, **kwargs)
+        self.buffer_dliter = augmented_buffer(strategy, self.buffer_dliter)
 
 
 @STRATEGIES.register("agem")
@@ -98,6 +132,10 @@ class AGEMStrategy(AvalancheStrategy):
     template_cls = AGEM
     Config = AGEMConfig
 
+    def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
+        with mock.patch.object(strategy_wrappers, "AGEMPlugin", AugmentedMemoryAGEMPlugin):
+            return super().make_template(model, common)
+
 
 @dataclass
 class ERConfig(TrainConfig):
@@ -105,11 +143,31 @@ class ERConfig(TrainConfig):
     batch_size_mem: int = setting(10, within=AT_LEAST_1)
 
 
+class AugmentedReplayER_ACE(ER_ACE):  # noqa: N801  (Avalanche's name)
+    """Avalanche's ER-ACE whose replay batch (forwarded apart from the minibatch) goes through the scenario's batch
+    augmentation (:func:`~clbench.strategies.baselines.augmented_buffer`)."""
+
+    def _before_training_exp(self, **kwargs):
+        super()._before_training_exp(**kwargs)
+        self.replay_loader = augmented_buffer(self, self.replay_loader)
+
+
+class AugmentedReplayER_AML(ER_AML):  # noqa: N801  (Avalanche's name)
+    """Avalanche's ER-AML whose replay batch and per-class positive/negative batches (forwarded apart from the
+    minibatch) go through the scenario's batch augmentation (:func:`~clbench.strategies.baselines.augmented_buffer`)."""
+
+    def _before_training_exp(self, **kwargs):
+        super()._before_training_exp(**kwargs)
+        if self.replay_loader is not None:
+            self.replay_loader = augmented_buffer(self, self.replay_loader)
+            self.pos_neg_loaders = [augmented_buffer(self, loader) for loader in self.pos_neg_loaders]
+
+
 @STRATEGIES.register("er_ace")
 class ERACEStrategy(AvalancheStrategy):
     """ER with asymmetric cross-entropy: new samples compete only among their own classes (Caccia et al., 2022)."""
 
-    template_cls = ER_ACE
+    template_cls = AugmentedReplayER_ACE
     Config = ERConfig
 
 
@@ -124,7 +182,7 @@ class ERAMLConfig(ERConfig):
 class ERAMLStrategy(AvalancheStrategy):
     """ER with asymmetric metric learning: contrastive loss on new samples, CE on replay (Caccia et al., 2022)."""
 
-    template_cls = ER_AML
+    template_cls = AugmentedReplayER_AML
     Config = ERAMLConfig
 
     def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
@@ -135,8 +193,8 @@ class ERAMLStrategy(AvalancheStrategy):
             raise ValueError(f"er_aml needs mem_size // n_classes >= batch_size (Avalanche's ER_AML hangs "
                              f"otherwise): {self.config.mem_size} // {self.info.n_classes} = {per_class} < "
                              f"{self.config.batch_size}; raise mem_size or lower batch_size.")
-        return ER_AML(model=model, feature_extractor=model.feature_extractor, criterion=nn.CrossEntropyLoss(),
-                      **common, **self.template_kwargs())
+        return AugmentedReplayER_AML(model=model, feature_extractor=model.feature_extractor,
+                                     criterion=nn.CrossEntropyLoss(), **common, **self.template_kwargs())
 
 
 @dataclass
