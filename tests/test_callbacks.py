@@ -622,6 +622,21 @@ def test_the_batch_counter_counts_each_batch_start_once(recorders):
     assert BATCH_HOOKS_FIRED["on_batch_start"] - before == 3
 
 
+def test_the_augmentation_counter_counts_each_batch_offered_once():
+    """``BATCH_HOOKS_FIRED["augment_batch"]`` grows by exactly 1 per ``augment_batch`` call, whether the list has a
+    batch augmentation or not, and leaves the batch-start count alone; catches a count that drops, doubles, runs
+    backwards or is reset."""
+    from clbench.callbacks import BATCH_HOOKS_FIRED
+
+    before, started = BATCH_HOOKS_FIRED["augment_batch"], BATCH_HOOKS_FIRED["on_batch_start"]
+    x = torch.zeros(2, 1, 4, 4)
+    CallbackList().augment_batch(x)
+    CallbackList(batch_augment=CropFlip(4, padding=1)).augment_batch(x)
+    CallbackList().augment_batch(x)
+    assert BATCH_HOOKS_FIRED["augment_batch"] - before == 3
+    assert BATCH_HOOKS_FIRED["on_batch_start"] == started
+
+
 def test_the_bridge_numbers_each_experiences_epochs_from_0(recorders):
     """The template's ``after_training_epoch`` becomes ``on_epoch_end(epoch)`` with the epoch counted from 0 within
     each experience (``before_training_exp`` restarts it); catches an epoch not passed, counted from 1, by 2,
