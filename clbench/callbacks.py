@@ -34,7 +34,10 @@ replay data loader included, and before the template's own ``_before_forward``, 
 and MixUp come after it as they came after the per-sample crop), and :func:`clbench.training.fit_dataset`
 (:func:`~clbench.training.fit` trains on stored tensors without augmentation and does not call it). A strategy
 that forwards samples of its own outside the minibatch calls ``self.callbacks.augment_batch`` on them. Evaluation
-never augments (it fires none of these).
+never augments (it fires none of these). In a template the bridge also keeps the minibatch as the data loader gave
+it, before the augmentation (:attr:`CallbackList.unaugmented`): a strategy that stores minibatch rows to replay them
+later in its own minibatches (which the bridge augments again; GSS) stores those rows, so that a replayed row
+carries one augmentation, as the per-sample transform gave it.
 
 Every :class:`CallbackList` checks the loss first: a non-finite loss raises :class:`~clbench.errors.NonFiniteLossError`
 with the same message in every loop, and the run is marked failed.
@@ -197,13 +200,18 @@ class Callback:
 class CallbackList(Callback):
     """The callbacks of one training process, in attachment order, with the specs they were built from (so that a
     member job elsewhere can rebuild them: :meth:`specs`). Always guards the loss against non-finite values.
-    ``batch_augment``: the scenario's batch augmentation that :meth:`augment_batch` applies (module docstring)."""
+    ``batch_augment``: the scenario's batch augmentation that :meth:`augment_batch` applies (module docstring).
+    ``unaugmented``: inside a template, the current training minibatch's inputs ``(B, ...)`` before the batch
+    augmentation, as the data loader gave them (set by the bridge's ``before_training_iteration``; ``mb_x`` itself
+    when there is no batch augmentation; None before the first minibatch). A strategy that stores minibatch rows and
+    replays them in later minibatches stores these rows: the bridge augments the replayed rows then, once."""
 
     def __init__(self, batch_augment: CropFlip | None = None) -> None:
         self.callbacks: list[Callback] = []
         self._specs: list[CallbackSpec] = []
         self.context = CallbackContext()
         self.batch_augment = batch_augment
+        self.unaugmented: Tensor | None = None
 
     def augment_batch(self, x: Tensor) -> Tensor:
         """A training minibatch ``(B, C, H, W)`` -> ``batch_augment.batch(x)`` ``(B, C, size, size)`` on
@@ -311,7 +319,9 @@ class CallbackBridge:
             strategy.dataloader = planned_loader(strategy, plan)
 
     def before_training_iteration(self, strategy, **kwargs) -> None:
-        """The batch augmentation of the minibatch (on the template's device), then ``on_batch_start``."""
+        """The batch augmentation of the minibatch (on the template's device; the minibatch before it kept as
+        ``callbacks.unaugmented``), then ``on_batch_start``."""
+        self.callbacks.unaugmented = strategy.mb_x
         x = self.callbacks.augment_batch(strategy.mb_x)
         if x is not strategy.mb_x:
             strategy.mbatch[0] = x

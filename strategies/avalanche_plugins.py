@@ -83,7 +83,7 @@ from torch.optim.lr_scheduler import MultiStepLR
 
 from clbench.precision import in_float32
 from clbench.protocol import ClassificationInfo
-from clbench.strategies.baselines import AvalancheStrategy, augmented_buffer, train_augment
+from clbench.strategies.baselines import AvalancheStrategy, augmented_buffer, train_augment, unaugmented_minibatch
 
 
 class PluginStrategy(AvalancheStrategy):
@@ -135,7 +135,23 @@ class ClonedSynapticIntelligencePlugin(SynapticIntelligencePlugin):
 class FiniteRWalkPlugin(RWalkPlugin):
     """RWalk (Chaudhry et al., 2018) whose penalty is the normalized Fisher alone when no positive path-integral
     score exists (Avalanche divides the scores by their maximum: 0/0 when the experience had fewer than
-    ``delta_t`` iterations)."""
+    ``delta_t`` iterations).
+
+    Avalanche takes the iteration's gradient (for its Fisher and path-integral scores) on the minibatch in
+    ``before_training_iteration``, which runs before the bridge's (appended last) has applied the scenario's batch
+    augmentation: here the same step runs at ``before_forward`` instead, on the augmented minibatch the training
+    forward then sees (as the per-sample train transform gave both the same rows), its gradients cleared after it
+    as the template's ``zero_grad`` cleared them. Avalanche's ``_update_grad`` leaves the model in eval mode
+    (``model.eval()`` with no ``model.train()`` after it), so RWalk trains in eval mode from the first iteration
+    on; that is Avalanche 0.6's behaviour and is kept.
+    """
+
+    def before_training_iteration(self, strategy, *args, **kwargs):
+        """Nothing: the step runs at :meth:`before_forward`."""
+
+    def before_forward(self, strategy, *args, **kwargs):
+        super().before_training_iteration(strategy, *args, **kwargs)
+        strategy.optimizer.zero_grad()
 
     def after_training_exp(self, strategy, *args, **kwargs):
         super().after_training_exp(strategy, *args, **kwargs)
@@ -247,10 +263,29 @@ class CorrectedBiCPlugin(BiCPlugin):
 
 class CleanGradientGSSPlugin(GSS_greedyPlugin):
     """GSS-greedy whose sample-selection backward passes leave no gradient behind for the training step (Avalanche
-    0.6 runs them between the optimizer's ``zero_grad`` and the mini-batch's backward)."""
+    0.6 runs them between the optimizer's ``zero_grad`` and the mini-batch's backward).
+
+    With the scenario's batch augmentation, the memory holds the minibatch rows as the data loader gave them
+    (:func:`~clbench.strategies.baselines.unaugmented_minibatch`), and every forward of the selection goes through
+    the augmentation once: the replayed rows, joined to later minibatches by the replay data loader, are augmented
+    there by the bridge, once, as a stored row carried its per-sample transform once before (storing the augmented
+    rows would augment them again at every replay). The selection's forwards of the minibatch rows and of the memory
+    subsets see one augmentation each, as they did with the per-sample transform.
+    """
 
     def after_forward(self, strategy, **kwargs):
-        super().after_forward(strategy, **kwargs)
+        raw, augment = unaugmented_minibatch(strategy), train_augment(strategy)
+        if raw is None or augment is None:
+            super().after_forward(strategy, **kwargs)
+        else:
+            augmented, model = strategy.mbatch[0], strategy.model
+            strategy.mbatch[0], forward = raw, model.forward
+            model.forward = lambda x: forward(augment(x))
+            try:
+                super().after_forward(strategy, **kwargs)
+            finally:
+                del model.forward
+                strategy.mbatch[0] = augmented
         strategy.optimizer.zero_grad()
 
     def get_rand_mem_grads(self, strategy, grad_dims, gss_batch_size):

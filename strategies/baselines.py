@@ -16,14 +16,17 @@ Buffer samples forwarded outside the minibatch: the bridge augments each trainin
 batch augmentation (:meth:`clbench.callbacks.CallbackList.augment_batch`), replayed samples a replay data loader
 joined to it included. A strategy that draws buffer samples of its own in training (DER's replay batch, ER-ACE's,
 A-GEM's reference batch, ...) reads them through :func:`augmented_buffer`: the same augmentation, where the dataset's
-per-sample train transform acted on them before the image scenarios declared it as a batch augmentation.
+per-sample train transform acted on them before the image scenarios declared it as a batch augmentation. A pass over
+the experience's training data that a plugin makes with a data loader of its own (EWC's Fisher, MAS's importance,
+feature replay's stored features) reads it through :func:`augmented_loaders`, for the same reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from unittest import mock
@@ -32,8 +35,10 @@ import torch
 from avalanche.models.utils import avalanche_forward
 from avalanche.training import DER, EWC, Cumulative, GDumb, ICaRL, JointTraining, LwF, Naive, Replay
 from avalanche.training.losses import ICaRLLossPlugin
-from avalanche.training.plugins import EvaluationPlugin, SupervisedPlugin
+from avalanche.training.plugins import EvaluationPlugin, EWCPlugin, SupervisedPlugin
+from avalanche.training.plugins import ewc as avalanche_ewc
 from avalanche.training.supervised import icarl as avalanche_icarl
+from avalanche.training.supervised import strategy_wrappers
 from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
 
@@ -110,6 +115,10 @@ class AugmentedBatches:
     def __iter__(self):
         return (self._augmented(batch) for batch in self.batches)
 
+    def __len__(self) -> int:
+        """The batches of a pass (a ``DataLoader``'s length; Avalanche's importance passes average over it)."""
+        return len(self.batches)
+
     def __next__(self) -> list:
         return self._augmented(next(self.batches))
 
@@ -124,6 +133,34 @@ def augmented_buffer(template: SupervisedTemplate, batches: Iterable | None) -> 
     has no batch augmentation or there are none."""
     augment = train_augment(template)
     return batches if augment is None or batches is None else AugmentedBatches(batches, augment)
+
+
+@contextmanager
+def augmented_loaders(template: SupervisedTemplate, module: Any, name: str = "DataLoader") -> Iterator[None]:
+    """While open, each data loader that ``module`` builds through its attribute ``name`` (Avalanche's EWC and MAS
+    plugins' ``DataLoader`` over the experience's training data) comes wrapped by :func:`augmented_buffer`: every
+    batch's inputs through the scenario's batch augmentation, once, where the dataset's per-sample train transform
+    acted on them before. Nothing is patched when the scenario has no batch augmentation."""
+    if train_augment(template) is None:
+        yield
+        return
+    build = getattr(module, name)
+
+    def loader(*args, **kwargs):
+        return augmented_buffer(template, build(*args, **kwargs))
+
+    with mock.patch.object(module, name, loader):
+        yield
+
+
+def unaugmented_minibatch(template: SupervisedTemplate) -> Tensor | None:
+    """The template's current training minibatch before the scenario's batch augmentation
+    (:attr:`clbench.callbacks.CallbackList.unaugmented`); None when the scenario has none (``mb_x`` is then as the
+    data loader gave it) or no callbacks are bridged."""
+    for plugin in template.plugins:
+        if isinstance(plugin, CallbackBridge) and plugin.callbacks.batch_augment is not None:
+            return plugin.callbacks.unaugmented
+    return None
 
 
 class AvalancheStrategy(StrategyBase):
@@ -239,11 +276,33 @@ class EWCConfig(TrainConfig):
             raise ValueError("mode online needs decay_factor (the importance decay in (0, 1], e.g. 0.9).")
 
 
+class AugmentedFisherEWCPlugin(EWCPlugin):
+    """Avalanche's EWC plugin whose Fisher pass over the experience's training data (after the experience) reads
+    its batches through the scenario's batch augmentation (:func:`augmented_loaders`), as it read them through the
+    dataset's per-sample train transform before."""
+
+    def after_training_exp(self, strategy, **kwargs):
+        with augmented_loaders(strategy, avalanche_ewc):
+            super().after_training_exp(strategy, **kwargs)
+
+
+class AugmentedFisherEWC(EWC):
+    """Avalanche's EWC template (``separate`` and ``online`` modes) with :class:`AugmentedFisherEWCPlugin`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        with mock.patch.object(strategy_wrappers, "EWCPlugin", AugmentedFisherEWCPlugin):
+            super().__init__(*args, **kwargs)
+
+
 @STRATEGIES.register("ewc")
 class EWCStrategy(AvalancheStrategy):
-    """Elastic weight consolidation: ``L + lambda/2 sum_i F_i (theta_i - theta*_i)^2`` (Kirkpatrick et al.)."""
+    """Elastic weight consolidation: ``L + lambda/2 sum_i F_i (theta_i - theta*_i)^2`` (Kirkpatrick et al.).
 
-    template_cls = EWC
+    The Fisher pass over the experience's training data sees the scenario's batch augmentation once
+    (:class:`AugmentedFisherEWCPlugin`).
+    """
+
+    template_cls = AugmentedFisherEWC
     Config = EWCConfig
 
 
@@ -285,7 +344,18 @@ class Float32ICaRLLoss(ICaRLLossPlugin):
 
 @STRATEGIES.register("icarl")
 class ICaRLStrategy(AvalancheStrategy):
-    """iCaRL: herding exemplars, BCE + distillation, nearest-mean-of-exemplars classification (Rebuffi et al.)."""
+    """iCaRL: herding exemplars, BCE + distillation, nearest-mean-of-exemplars classification (Rebuffi et al.).
+
+    Exemplars are trained with the scenario's augmentation, once per forward, as the new data are: the authors'
+    code concatenates the stored exemplars to the new classes' training data and draws every minibatch of it with
+    random crops and flips (github.com/srebuffi/iCaRL, ``iCaRL-TheanoLasagne/main_cifar_100_theano.py``:
+    ``X_train = np.concatenate((X_train, X_protoset))``, then ``iterate_minibatches(X_train, Y_train, batch_size,
+    shuffle=True, augment=True)``), and Avalanche's ICaRL examples pass the train transform as ``buffer_transform``.
+    Here the exemplars are stored untransformed and joined to the experience's data (``buffer_transform=None``: no
+    scenario has a per-sample train transform), and the bridge's batch augmentation augments each minibatch, its
+    exemplars included (``tests/test_strategies_baselines.py`` checks once). Herding and the class means read the
+    untransformed samples in eval mode.
+    """
 
     template_cls = ICaRL
     head = "fixed"

@@ -23,20 +23,30 @@ RWalk λ = 0.1, α = 0.9, Δt = 10 (Avalanche's defaults = the reproduction's sp
 (the reproduction's permuted-MNIST setting, Avalanche has no default); online EWC λ = 100 as clbench's ``ewc``,
 γ = 1 (no decay; Avalanche has no default, Schwarz et al. tune γ ≤ 1). The shared training settings (optimizer,
 epochs, batch) are :class:`~clbench.strategies.baselines.TrainConfig`'s and the ``cpu``/``full`` presets.
+
+The scenario's batch augmentation (:mod:`clbench.callbacks`): the importance passes that read data see it once, as
+they saw the dataset's per-sample train transform before the image scenarios declared it as a batch augmentation:
+MAS's and online EWC's passes over the experience's training data after each experience
+(:func:`~clbench.strategies.baselines.augmented_loaders`), RWalk's per-iteration gradient on the training minibatch
+(taken on the augmented minibatch, :class:`~clbench.strategies.avalanche_plugins.FiniteRWalkPlugin`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from unittest import mock
 
 from avalanche.models.base_model import BaseModel
-from avalanche.training import EWC, LFL, MAS
+from avalanche.training import LFL, MAS
+from avalanche.training.plugins import MASPlugin
+from avalanche.training.plugins import mas as avalanche_mas
+from avalanche.training.supervised import strategy_wrappers
 from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
 
 from clbench.registry import STRATEGIES
 from clbench.strategies.avalanche_plugins import ClonedSynapticIntelligencePlugin, FiniteRWalkPlugin, PluginStrategy
-from clbench.strategies.baselines import AvalancheStrategy, TrainConfig
+from clbench.strategies.baselines import AugmentedFisherEWC, AvalancheStrategy, TrainConfig, augmented_loaders
 from clbench.typecheck import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, setting
 
 
@@ -60,11 +70,29 @@ class MASConfig(TrainConfig):
     alpha: float = setting(0.5, within=NON_NEGATIVE)   # weight of the previous importance in the running blend
 
 
+class AugmentedImportanceMASPlugin(MASPlugin):
+    """Avalanche's MAS plugin whose importance pass over the experience's training data reads its batches through
+    the scenario's batch augmentation (:func:`~clbench.strategies.baselines.augmented_loaders`), as it read them
+    through the dataset's per-sample train transform before."""
+
+    def _get_importance(self, strategy):
+        with augmented_loaders(strategy, avalanche_mas):
+            return super()._get_importance(strategy)
+
+
+class AugmentedImportanceMAS(MAS):
+    """Avalanche's MAS template with :class:`AugmentedImportanceMASPlugin`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        with mock.patch.object(strategy_wrappers, "MASPlugin", AugmentedImportanceMASPlugin):
+            super().__init__(*args, **kwargs)
+
+
 @STRATEGIES.register("mas")
 class MASStrategy(AvalancheStrategy):
     """Memory aware synapses: importance = sensitivity of the output norm to each weight (Aljundi et al., 2018)."""
 
-    template_cls = MAS
+    template_cls = AugmentedImportanceMAS
     Config = MASConfig
 
 
@@ -125,7 +153,7 @@ class OnlineEWCConfig(TrainConfig):
 class OnlineEWCStrategy(AvalancheStrategy):
     """Online EWC: one running Fisher ``γ F_old + F_new`` anchored at the latest weights (Schwarz et al., 2018)."""
 
-    template_cls = EWC
+    template_cls = AugmentedFisherEWC     # the Fisher pass sees the batch augmentation (module docstring)
     Config = OnlineEWCConfig
 
     def template_kwargs(self) -> dict:

@@ -51,7 +51,11 @@ samples each method forwards in training outside the bridged minibatch go throug
 train transform acted on them before: ER-ACE's and ER-AML's replay batches and ER-AML's positives/negatives, A-GEM's
 reference batch, MIR's candidates, MER's memory batch, BiC's held-out samples in its bias-layer training (each drawn
 batch augmented afresh), and GEM's memory once, when stored (GEM stored the tensors its train-transformed data loader
-gave). Feature replay's stored features are not images.
+gave). Feature replay's stored features are not images; they are computed from the experience's training data
+through the augmentation, once, as they were through the per-sample transform
+(:func:`~clbench.strategies.baselines.augmented_loaders`). GSS stores the minibatch rows before the augmentation,
+which the bridge then applies once to each replayed row
+(:class:`~clbench.strategies.avalanche_plugins.CleanGradientGSSPlugin`).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from unittest import mock
 
+import torch
 from avalanche.training import AGEM, ER_ACE, ER_AML, GEM, FeatureReplay
 from avalanche.training.losses import MaskedCrossEntropy
 from avalanche.training.plugins import AGEMPlugin, BiCPlugin, GEMPlugin, SupervisedPlugin
@@ -76,7 +81,13 @@ from clbench.strategies.avalanche_plugins import (
     PluginStrategy,
     require_single_head,
 )
-from clbench.strategies.baselines import AvalancheStrategy, TrainConfig, augmented_buffer, train_augment
+from clbench.strategies.baselines import (
+    AvalancheStrategy,
+    TrainConfig,
+    augmented_buffer,
+    augmented_loaders,
+    train_augment,
+)
 from clbench.typecheck import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, setting
 
 
@@ -293,16 +304,27 @@ class FeatureReplayConfig(TrainConfig):
     batch_size_mem: int = setting(10, within=AT_LEAST_1)
 
 
+class AugmentedFeatureReplay(FeatureReplay):
+    """Avalanche's feature replay whose stored features are computed (after each experience, backbone in eval mode)
+    from the experience's training data through the scenario's batch augmentation, once
+    (:func:`~clbench.strategies.baselines.augmented_loaders`), as they were through the dataset's per-sample train
+    transform."""
+
+    def gather_feature_dataset(self):
+        with augmented_loaders(self, torch.utils.data):
+            return super().gather_feature_dataset()
+
+
 @STRATEGIES.register("feature_replay")
 class FeatureReplayStrategy(AvalancheStrategy):
     """Feature replay (PR-ACE): stored penultimate features train the classifier (Magistri et al.)."""
 
-    template_cls = FeatureReplay
+    template_cls = AugmentedFeatureReplay
     Config = FeatureReplayConfig
 
     def make_template(self, model: nn.Module, common: dict) -> SupervisedTemplate:
         require_single_head("feature_replay", self.info)
-        return FeatureReplay(model=model, criterion=MaskedCrossEntropy(mask="new"),
+        return AugmentedFeatureReplay(model=model, criterion=MaskedCrossEntropy(mask="new"),
                              last_layer_name="classifier", **common, **self.template_kwargs())
 
 

@@ -89,3 +89,15 @@ def assert_evaluation_untouched(run: dict) -> None:
     assert run["eval_calls"] == 0
     for step in (0, 1):
         assert set(run[(f"eval{step}", "E")]) == {0} and (f"eval{step}", "T") not in run, run
+
+
+def assert_training_augmented_once(run: dict, forwarded: dict[str, int]) -> None:
+    """Every input of every backbone forward while training (train mode ``T`` and eval mode ``E``: an importance or
+    feature-storing pass over the experience's data, a per-iteration gradient) was augmented exactly once, and each
+    experience's training forwarded ``forwarded[mode]`` inputs in each mode (so the pass that the check reads was
+    made; 0 where a mode is absent)."""
+    for step in (0, 1):
+        for mode in ("T", "E"):
+            counts = run.get((f"train{step}", mode), {})
+            assert sum(counts.values()) == forwarded.get(mode, 0), (step, mode, run)
+            assert set(counts) <= {1}, (step, mode, run)
