@@ -62,7 +62,7 @@ EXECUTORS: Registry = Registry("executor")
 
 # why a run is (re)run -> how the resume line says it
 REASONS = {"new": "new", "failed": "failed before", "config": "made with another configuration",
-           "code": "made by other code (code fingerprint differs)", "corrupt": "with an unreadable record"}
+           "code": "made by other code (code fingerprint differs)", "corrupt": "with an unreadable or edited record"}
 
 
 def record_status(spec: RunSpec, out_dir: str | Path) -> str:
@@ -89,9 +89,11 @@ def is_done(spec: RunSpec, out_dir: str | Path) -> bool:
 
 
 def pending(specs: Iterable[RunSpec], out_dir: str | Path, force: bool = False) -> list[RunSpec]:
-    """The specs to run, and one line on stderr about the others (printed whatever the log level). A record of
-    another suite where a run would write (run ids do not name the suite) is refused before any run, ``force`` or
-    not: a :class:`~clbench.errors.ConfigError` naming the file, its suite and what to do."""
+    """The specs to run, and one line on stderr about the others (printed whatever the log level), after one line
+    per record that is edited or damaged (:func:`clbench.records.check`: its file and the field; it is run again,
+    never counted as a result). A record of another suite where a run would write (run ids do not name the suite) is
+    refused before any run, ``force`` or not: a :class:`~clbench.errors.ConfigError` naming the file, its suite and
+    what to do."""
     specs = list(specs)
     status = {s.run_id: record_status(s, out_dir) for s in specs}
     other = [s for s in specs if status[s.run_id] == "suite"]
@@ -102,6 +104,11 @@ def pending(specs: Iterable[RunSpec], out_dir: str | Path, force: bool = False) 
                           f"suite would replace it: pass another --out (one folder per suite), or move those "
                           f"records away first.")
     replaced.refuse_links(out_dir)
+    for spec in (s for s in specs if status[s.run_id] == "corrupt"):     # edited or damaged: say which field
+        try:
+            record_files.read(record_path(out_dir, spec.run_id))
+        except record_files.CorruptRecord as exc:
+            print(f"not a result, run again: {exc}", file=sys.stderr)
     done = sum(v == "done" for v in status.values())
     if force:
         if any(v != "new" for v in status.values()):

@@ -146,10 +146,12 @@ def check_suite_checkpoints(suite: str, scenarios: list[str] | None, strategies:
     refuse_missing_checkpoints(missing)
 
 
-def _selected(suite: str, scenarios: list[str] | None, strategies: list[str] | None):
+def _selected(suite: str, scenarios: list[str] | None, strategies: list[str] | None, seeds: list[int] | None = None,
+              strict: bool = False):
     """The entries of the suite file ``suite`` as ``--scenario``/``--strategy`` select them (a SuiteSpec, its args
     unchecked), read without importing their modules; None for a file this reading cannot make sense of (the loader
-    refuses it with its own line)."""
+    refuses it with its own line), and for a selection :meth:`~clbench.specs.SuiteSpec.select` refuses unless
+    ``strict`` (then its :class:`ConfigError` is raised)."""
     from clbench.specs import ScenarioEntry, StrategyEntry, SuiteSpec
     from clbench.suite_file import read_yaml, resolve_suite_path
 
@@ -157,12 +159,27 @@ def _selected(suite: str, scenarios: list[str] | None, strategies: list[str] | N
         data = read_yaml(resolve_suite_path(suite))
         entries = [[{"name": e} if isinstance(e, str) else e for e in data[kind]] for kind in ("scenarios",
                                                                                               "strategies")]
-        return SuiteSpec(str(data["suite"]), tuple(ScenarioEntry(e["name"], dict(e.get("args") or {}),
+        spec = SuiteSpec(str(data["suite"]), tuple(ScenarioEntry(e["name"], dict(e.get("args") or {}),
                                                                  e.get("label", "")) for e in entries[0]),
                          tuple(StrategyEntry(e["name"], dict(e.get("args") or {}), e.get("label", ""))
-                               for e in entries[1])).select(scenarios, strategies)
+                               for e in entries[1]))
     except (ConfigError, TypeError, KeyError, AttributeError, ValueError):
         return None
+    try:
+        return spec.select(scenarios, strategies, seeds)
+    except ConfigError:
+        if strict:
+            raise
+        return None
+
+
+def check_selection(suite: str, scenarios: list[str] | None, strategies: list[str] | None,
+                    seeds: list[int] | None) -> None:
+    """``--scenario``, ``--strategy`` and ``--seeds`` refused as :meth:`clbench.specs.SuiteSpec.select` refuses them
+    (a word no entry of the suite is keyed or named by, a seed out of range), before the suite's imports (``--strategy
+    naiv`` on a suite that the index cannot check whole, e.g. ``quick``, was refused after them). Call it once the file
+    has passed :func:`clbench.suite_file.check_without_imports`."""
+    _selected(suite, scenarios, strategies, seeds, strict=True)
 
 
 def check_suite_datasets(suite: str, scenarios: list[str] | None) -> None:
@@ -213,6 +230,5 @@ def preflight(specs: Iterable, out: Path) -> None:
             NEEDS[name](args)
 
 
-__all__ = ["GPU_DEVICE_FILES", "NEEDS", "check_file_size_limit", "check_gpu_present", "check_suite_checkpoints",
-           "check_suite_datasets",
-           "preflight", "refuse_missing_checkpoints", "wandb_login"]
+__all__ = ["GPU_DEVICE_FILES", "NEEDS", "check_file_size_limit", "check_gpu_present", "check_selection",
+           "check_suite_checkpoints", "check_suite_datasets", "preflight", "refuse_missing_checkpoints", "wandb_login"]

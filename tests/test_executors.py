@@ -271,6 +271,26 @@ def test_a_record_of_another_suite_is_refused_before_any_run_even_with_force(tmp
     assert executors.record_status(spec, tmp_path) == "suite"
 
 
+def test_resume_names_the_file_and_field_of_an_edited_record_and_runs_it_again(tmp_path, capsys):
+    """A finished record whose avg_inc_acc was edited (issue #52) is not counted as done: resume says, in one line,
+    the file and the field that disagree (it said only '1 with an unreadable record'), and runs it again."""
+    from tests._records import sealed
+
+    (spec,) = _specs(["naive"])
+    path = record_path(tmp_path, spec.run_id)
+    path.parent.mkdir(parents=True)
+    record = sealed({"status": "finished", "seed": 0, "metrics": {"avg_inc_acc": 60.0, "last_acc": 50.0},
+                     "spec": spec.to_dict()})
+    record["metrics"]["avg_inc_acc"] = 99.99
+    path.write_text(json.dumps(record))
+    assert executors.pending([spec], tmp_path) == [spec]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == (f"not a result, run again: {path}: metrics.avg_inc_acc is 99.99 but its stored data give "
+                        f"60.0; the record was edited or damaged after its run; restore it or run it again (--force)")
+    assert lines[1].startswith(f"resuming: 0 of 1 runs already finished in {tmp_path}; running 1: 1 with an "
+                               f"unreadable or edited record")
+
+
 def test_a_rerun_with_another_configuration_keeps_the_earlier_outputs_aside_and_writes_through_no_link(tmp_path,
                                                                                                         capsys):
     """The suite run again with another learning rate: the earlier record (still readable, its own identity) and

@@ -19,6 +19,7 @@ from clbench.files import LOCK_FILE, locked_folder
 from clbench.preflight import (
     check_file_size_limit,
     check_gpu_present,
+    check_selection,
     check_suite_checkpoints,
     check_suite_datasets,
     refuse_missing_checkpoints,
@@ -185,6 +186,7 @@ def _check_before_imports(args: argparse.Namespace) -> None:
                           f"local file.")
     check_suite_checkpoints(args.suite, args.scenario, args.strategy, args.init)
     check_suite_datasets(args.suite, args.scenario)
+    check_selection(args.suite, args.scenario, args.strategy, args.seeds)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
