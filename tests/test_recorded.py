@@ -201,3 +201,107 @@ def test_a_sizes_function_with_keyword_defaults_is_recorded_with_them():
     from clbench.recorded import _size_params
 
     assert _size_params(_sizes_ok) == {"n_experiences": 5, "max_per_class": None}
+
+
+def test_a_scenario_record_holds_its_datasets_and_input_shapes_and_depends_on_each_declared_functions_module(
+        monkeypatch):
+    """A scenario with an ``input_shape`` function (no ``sizes``) and a dataset: the record holds the dataset as
+    data, the shape of each accepted argument set as a list (None where the data decide it), no sizes, and the
+    modules of the factory and of its declared function, sorted; :func:`recorded_shape` reads a shape back as a
+    tuple, and None for arguments not recorded, a shape the data decide, a record without shapes and no record."""
+    from clbench import recorded
+    from clbench.data.catalog import DatasetSpec, Layout
+
+    def factory(n: Annotated[int, typecheck.Range(1)] = 2, **_):
+        raise AssertionError("the factory itself is not called")
+
+    def input_shape(n=2, **_):
+        return None if n == 3 else (1, 8 * n, 8)
+
+    input_shape.__module__ = "a_shapes_module"
+    factory.input_shape = input_shape
+    factory.datasets = (DatasetSpec("toy", (Layout("toy", {"a.npy": None, "b.npy": "sha"}, read=lambda f: None,
+                                                   gzip_ok=True), Layout("toy2", {"c": None}, read=lambda f: None)),
+                                    how_to_get="ask"),)
+    monkeypatch.setattr(recorded, "_suite_arguments", lambda: {"fake": [{"n": 0}, {"n": 3}, {"n": 4}]})
+    record = recorded.scenario_record("fake", factory)
+    assert "sizes" not in record and "params" not in record
+    assert record["datasets"] == [{"name": "toy", "download": False, "how_to_get": "ask", "layouts": [
+        {"folder": "toy", "files": ["a.npy", "b.npy"], "gzip_ok": True},
+        {"folder": "toy2", "files": ["c"], "gzip_ok": False}]}]
+    assert record["shapes"] == {"params": {"n": 2}, "rows": [{"args": {"n": 2}, "shape": [1, 16, 8]},
+                                                             {"args": {"n": 3}, "shape": None},
+                                                             {"args": {"n": 4}, "shape": [1, 32, 8]}]}
+    assert record["depends"] == sorted(["a_shapes_module", __name__])
+    assert recorded.recorded_shape(record, {}) == (1, 16, 8)
+    assert recorded.recorded_shape(record, {"n": 4}) == (1, 32, 8)
+    assert recorded.recorded_shape(record, {"n": 3}) is None and recorded.recorded_shape(record, {"n": 5}) is None
+    assert recorded.recorded_sizes(record, {}) is None and recorded.recorded_shape(None, {}) is None
+    assert recorded.recorded_shape({"sizes": [], "params": {}}, {}) is None
+    assert recorded.recorded_shape(record, {"n": {1}}) is None          # arguments the index cannot key
+
+    def sizes(n=2, **_):
+        return {"train_samples": 10 * n}
+
+    sizes.__module__ = "a_sizes_module"
+    factory.sizes = sizes
+    assert recorded.scenario_record("fake", factory)["depends"] == sorted(["a_shapes_module", "a_sizes_module",
+                                                                           __name__])
+
+
+def test_a_model_record_holds_its_signature_and_divisibility_rules():
+    from clbench import recorded
+
+    def model(num_heads: Annotated[int, typecheck.Range(1)] = 4, embed_dim: int = 64, *, name: str = "m"):
+        raise AssertionError("the factory itself is not called")
+
+    model.divides = (typecheck.Divides("num_heads", "embed_dim", "heads"),
+                     typecheck.Divides("patch", "height", "patches"))
+    assert recorded.model_record("vitish", model) == {
+        "signature": {"params": [
+            {"name": "num_heads", "type": "int", "default": 4,
+             "within": {"low": 1, "high": None, "open_low": False, "open_high": False}},
+            {"name": "embed_dim", "type": "int", "default": 64}, {"name": "name", "type": "str", "default": "m"}],
+            "var_keyword": False},
+        "depends": [__name__],
+        "divides": [{"divisor": "num_heads", "dividend": "embed_dim", "why": "heads"},
+                    {"divisor": "patch", "dividend": "height", "why": "patches"}]}
+    del model.divides
+    assert recorded.model_record("plain", model)["divides"] == []
+
+
+class _Callback:
+    """A callback class: a static choice, a computed choice (a registry's names), a range, a setting used only with
+    another, a default the index cannot write and ``**kwargs``."""
+
+    def __init__(self, mode: Annotated[str, typecheck.Declared(choices=("a", "b"))] = "a",
+                 model: Annotated[str, typecheck.Declared(choices=lambda: ["mlp", "cnn"])] = "mlp",
+                 rate: Annotated[float, typecheck.Range(0, 1, open_low=True)] = 0.5,
+                 extra: Annotated[int, typecheck.Declared(only_with=typecheck.only_with("mode", "b"))] = 1,
+                 odd: frozenset = frozenset(), **kwargs) -> None:
+        pass
+
+
+def test_a_callback_signature_records_each_declaration_and_reads_back_with_or_without_computed_choices():
+    """The record of a class's ``__init__`` (``self`` left out): types, defaults, ranges, static and computed
+    choices (the latter marked ``computed``), ``only_with`` as data; a default it cannot write leaves that parameter
+    with no type. :func:`declared_parameters` reads it back: computed choices only when asked for."""
+    from clbench import recorded
+
+    signature = recorded.signature_record(_Callback)
+    assert signature == {"var_keyword": True, "params": [
+        {"name": "mode", "type": "str", "default": "a", "choices": ["a", "b"]},
+        {"name": "model", "type": "str", "default": "mlp", "choices": ["mlp", "cnn"], "computed": True},
+        {"name": "rate", "type": "float", "default": 0.5,
+         "within": {"low": 0, "high": 1, "open_low": True, "open_high": False}},
+        {"name": "extra", "type": "int", "default": 1,
+         "only_with": {"other": "mode", "equals": "b", "wanted": "b", "example": "b"}},
+        {"name": "odd", "type": None}]}
+    hints, declared, defaults = recorded.declared_parameters(signature, computed_choices=False)
+    assert hints == {"mode": str, "model": str, "rate": float, "extra": int}
+    assert defaults == {"mode": "a", "model": "mlp", "rate": 0.5, "extra": 1}
+    assert declared["mode"].choices == ["a", "b"] and declared["model"].choices is None
+    assert declared["rate"].within == typecheck.Range(0, 1, open_low=True) and declared["mode"].within is None
+    assert declared["extra"].only_with == typecheck.only_with("mode", "b") and declared["mode"].only_with is None
+    _, declared, _ = recorded.declared_parameters(signature, computed_choices=True)
+    assert declared["model"].choices == ["mlp", "cnn"]

@@ -765,3 +765,52 @@ def test_a_plugin_that_fails_to_load_is_refused_naming_the_suite_and_the_plugin(
                                 "plugins": ["no_such_plugin_module"]}, "s.yaml")
     assert str(info.value) == ("s.yaml: plugin 'no_such_plugin_module' failed to load: ModuleNotFoundError: No "
                                "module named 'no_such_plugin_module'")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("suite: mine\nseeds: [0]\n", "mine"),                 # the rest of the file is not read
+    ("seeds: [0]\n", None),                                 # no suite: key
+    ("suite: ../up\n", None),                               # a name that leaves results/
+    ("- suite\n", None),                                    # not a mapping
+    ("suite: [a\n", None),                                  # not YAML
+])
+def test_suite_name_reads_only_the_name_and_gives_none_for_what_load_suite_refuses(tmp_path, text, expected):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    assert suite_file.suite_name(path) == expected
+    assert suite_file.suite_name(str(path)) == expected
+
+
+def test_suite_name_of_a_shipped_suite_and_of_a_missing_file():
+    assert suite_file.suite_name("quick") == "quick"
+    assert suite_file.suite_name("no_such_suite") is None
+    assert suite_file.suite_name("missing/s.yaml") is None
+
+
+def test_check_without_imports_refuses_a_file_as_load_suite_does_and_passes_a_good_one(tmp_path):
+    """A value the index refuses, read from a file path (str or Path) or a shipped name: the same line as
+    load_suite's; a good file and a shipped suite pass."""
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(yaml.safe_dump(GOOD))
+    bad.write_text(yaml.safe_dump({**GOOD, "strategies": [{"name": "replay", "args": {"epochs": -1}}]}))
+    assert suite_file.check_without_imports(good) is None and suite_file.check_without_imports("quick") is None
+    with pytest.raises(ConfigError) as loaded:
+        load_suite(bad)
+    for suite in (bad, str(bad)):
+        with pytest.raises(ConfigError) as early:
+            suite_file.check_without_imports(suite)
+        assert str(early.value) == str(loaded.value)
+        assert str(early.value).startswith(f"{bad}: strategies[0] (replay): ")
+
+
+@pytest.mark.parametrize("name", list(VALUES))
+def test_each_value_the_index_knows_is_refused_in_process_before_the_imports(tmp_path, monkeypatch, name):
+    """The cases of the fresh-process test above, in this process (where the checks of the index phase can be
+    followed): check_without_imports refuses each with its exact line, from the records alone."""
+    monkeypatch.setattr(suite_file, "only_shipped", lambda: True)   # this process has test plugins registered
+    text, line = VALUES[name]
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as early:
+        suite_file.check_without_imports(path)
+    assert str(early.value) == f"{path}: {line}"

@@ -387,3 +387,45 @@ def test_a_boolean_is_not_a_number_even_for_a_numeric_abstract_type():
     with pytest.raises(typecheck.TypeMismatch) as info:
         typecheck.coerce(True, numbers.Real, "k")
     assert str(info.value) == "k: expected a Real, got True"
+
+
+HEADS = typecheck.Divides("num_heads", "embed_dim", "heads split the width")
+PATCH = typecheck.Divides("patch_size", "height", "patches tile the image")
+
+
+def test_check_divides_names_the_first_broken_rule_its_values_and_the_fix():
+    """A rule between two parameters and a rule on an axis of the input shape ``(C, H, W)``: the first broken one is
+    refused in one line naming the divisor, the dividend (the scenario's axis by name), why and the fix; a rule that
+    holds, and every later rule once one is refused, is not named."""
+    with pytest.raises(ValueError) as caught:
+        typecheck.check_divides([HEADS, PATCH], {"num_heads": 5, "embed_dim": 64, "patch_size": 5}, (3, 32, 32), "s")
+    assert str(caught.value) == ("num_heads 5 does not divide embed_dim 64 (heads split the width); set num_heads to a "
+                                 "divisor of 64.")
+    with pytest.raises(ValueError) as caught:
+        typecheck.check_divides([HEADS, PATCH], {"num_heads": 8, "embed_dim": 64, "patch_size": 5}, (3, 32, 28),
+                                "scenarios[1] (x)")
+    assert str(caught.value) == ("patch_size 5 does not divide the image height 32 of scenarios[1] (x) (patches tile "
+                                 "the image); set patch_size to a divisor of 32.")
+    with pytest.raises(ValueError, match="^patch_size 5 does not divide the image height 32 of the scenario "):
+        typecheck.check_divides([PATCH], {"patch_size": 5}, (3, 32, 32))
+    width = typecheck.Divides("patch_size", "width", "w")
+    with pytest.raises(ValueError, match="^patch_size 3 does not divide the image width 28 of s "):
+        typecheck.check_divides([width], {"patch_size": 3}, (1, 27, 28), "s")
+    typecheck.check_divides([HEADS, PATCH, width], {"num_heads": 8, "embed_dim": 64, "patch_size": 4}, (1, 32, 28))
+
+
+@pytest.mark.parametrize(("args", "shape"), [
+    ({"num_heads": 5, "embed_dim": None, "patch_size": 5}, None),            # unknown dividend, unknown shape
+    ({"patch_size": 5}, (32, 32)),                                           # not an image shape (C, H, W)
+    ({"patch_size": 5}, (3, 32, 32, 1)),
+    ({"num_heads": True, "embed_dim": 3, "patch_size": 5.0}, (3, 32, 32)),   # booleans and floats are not counts
+    ({"num_heads": 2, "embed_dim": True, "patch_size": "5"}, (3, 32, 32)),
+    ({"num_heads": 0, "embed_dim": 3, "patch_size": -5}, (3, 32, 32)),       # not positive: the range's refusal
+    ({"num_heads": 2, "embed_dim": 0}, (3, 32, 32)),
+    ({"num_heads": 2, "embed_dim": -3}, (3, 32, 32)),
+    ({}, (3, 32, 32)),                                                       # not given
+])
+def test_check_divides_leaves_values_that_are_not_positive_counts_and_shapes_it_cannot_read(args, shape):
+    """Only positive integers on both sides and a shape of three axes are checked; anything else is left to the
+    range and type checks (or to the model when built): no refusal, no ZeroDivisionError."""
+    typecheck.check_divides([HEADS, PATCH], args, shape)
