@@ -280,6 +280,28 @@ def test_the_invariant_runs_on_a_calls_first_step_only(monkeypatch):
     callback.close()
 
 
+def test_a_first_step_of_one_sample_keeps_the_checks_armed_for_the_next_step(monkeypatch):
+    """A call's first step draws one sample (sample independence cannot be tested on it): the invariant runs, and
+    the callback stays armed with the outputs kept, so the next step (of five) runs both checks again and only then
+    disarms; catches the checks disarmed after a batch too small to test them."""
+    from clbench.privacy.tape import Tape
+
+    seen = []
+    explain = Tape.explain
+    monkeypatch.setattr(Tape, "explain", lambda self, *a: (seen.append("explain"), explain(self, *a))[1])
+    model = Net()
+    callback = _callback(model)
+    callback.batch_sampler(16, 8, 1)
+    _step(callback, model, XY[0][:1], XY[1][:1])
+    assert (callback.unchecked, callback.reference, callback.tape.keep_outputs, seen) == (True, None, True,
+                                                                                          ["explain"])
+    _step(callback, model, *XY)
+    assert (callback.unchecked, callback.reference, callback.tape.keep_outputs, callback.tape.outputs, seen) == \
+        (False, None, False, [], ["explain", "explain"])
+    assert callback.call.steps_taken == 2
+    callback.close()
+
+
 def test_a_forward_without_gradient_before_the_first_step_leaves_the_invariant_to_the_step():
     """A forward under no_grad at a call's first step (e.g. a teacher's logits) whose loss needs no gradient:
     after_forward takes no batch gradient of it and the invariant stays armed, with the outputs still kept, for the
