@@ -113,6 +113,16 @@ def check_gpu_present(device: str) -> None:
                           f"sees no CUDA device; use --device cpu or auto.")
 
 
+def check_output_links(out: Path) -> None:
+    """Refuse an output folder whose ``runs/``, ``artifacts/``, ``state/`` or ``replaced/`` is a symbolic link
+    (:func:`clbench.replaced.refuse_links`, the same line as the executor's), before torch is imported: a run (and
+    ``--force``'s moving aside) would write wherever the link points. Checked before the folder's write test, which
+    would otherwise write through the link."""
+    from clbench.replaced import refuse_links
+
+    refuse_links(out)
+
+
 def refuse_missing_checkpoints(missing: dict[str, list[str]]) -> None:
     """One :class:`ConfigError` line naming each checkpoint file of ``missing`` (path -> who reads it, in order)
     and the first of its readers, when there is any."""
@@ -230,5 +240,6 @@ def preflight(specs: Iterable, out: Path) -> None:
             NEEDS[name](args)
 
 
-__all__ = ["GPU_DEVICE_FILES", "NEEDS", "check_file_size_limit", "check_gpu_present", "check_selection",
-           "check_suite_checkpoints", "check_suite_datasets", "preflight", "refuse_missing_checkpoints", "wandb_login"]
+__all__ = ["GPU_DEVICE_FILES", "NEEDS", "check_file_size_limit", "check_gpu_present", "check_output_links",
+           "check_selection", "check_suite_checkpoints", "check_suite_datasets", "preflight",
+           "refuse_missing_checkpoints", "wandb_login"]

@@ -51,6 +51,15 @@ def _init_suite(tmp_path: Path) -> Path:
     return path
 
 
+def _linked_out(tmp_path: Path) -> Path:
+    """An output folder whose ``artifacts/`` is a symbolic link to a folder outside it."""
+    (tmp_path / "elsewhere").mkdir(exist_ok=True)
+    (tmp_path / "linked").mkdir(exist_ok=True)
+    if not (tmp_path / "linked" / "artifacts").is_symlink():
+        (tmp_path / "linked" / "artifacts").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    return tmp_path / "linked"
+
+
 def command_line_cases(tmp_path: Path) -> dict[str, tuple[list, dict, int, str]]:
     """name -> (argv, environment, file size limit or 0, the start of the refusal after 'error: '); the folder
     ``tmp_path / "locked"`` is to be held locked by the caller (benchmarks/refusal_time.py times these too)."""
@@ -71,6 +80,9 @@ def command_line_cases(tmp_path: Path) -> dict[str, tuple[list, dict, int, str]]
         "--init missing": ([*out, "--init", str(tmp_path / "no.pt")], {}, 0,
                            f"checkpoint file(s) not found: {tmp_path / 'no.pt'}, given by --init."),
         "ulimit -f": (out, {}, 4096, "the file size limit of this shell is 4,096 bytes (ulimit -f)"),
+        "<out>/artifacts a link": (["--suite", "quick", "--out", str(_linked_out(tmp_path)), "--quiet", "--force"],
+                                   {}, 0, f"{tmp_path / 'linked' / 'artifacts'} is a symbolic link (to "
+                                          f"{tmp_path / 'elsewhere'}): a run writes only inside its results folder"),
         "suite init missing": (["--suite", str(_init_suite(tmp_path)), "--out", str(tmp_path / "out"), "--quiet"],
                                {}, 0, f"checkpoint file(s) not found: {tmp_path / 'c_split_digits.pt'}, read by "
                                       f"taft (init) on split_digits."),
@@ -91,6 +103,7 @@ def test_the_command_line_refusals_come_before_the_imports(tmp_path):
         assert code == 2 and err.startswith(f"error: {start}") and err.count("\n") == 1, (name, err)
     assert heavy == [], heavy
     assert not (tmp_path / "out").exists()
+    assert not list((tmp_path / "elsewhere").iterdir())     # nothing written through the link, not even a probe
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU device file")

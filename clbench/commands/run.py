@@ -19,6 +19,7 @@ from clbench.files import LOCK_FILE, locked_folder
 from clbench.preflight import (
     check_file_size_limit,
     check_gpu_present,
+    check_output_links,
     check_selection,
     check_suite_checkpoints,
     check_suite_datasets,
@@ -176,6 +177,7 @@ def _check_before_imports(args: argparse.Namespace) -> None:
     name = suite_name(args.suite)
     if args.out is not None or name is not None:
         out = output_folder(args.out, name or "")
+        check_output_links(out)
         check_output_folder(out)
         if (out / LOCK_FILE).is_file():     # in use now: taking the lock for a moment refuses it (nothing created)
             with locked_folder(out, f"the suite {name or args.suite} (run)"):
