@@ -90,7 +90,7 @@ def test_a_strategy_record_holds_each_fields_declarations_and_no_presets_when_th
                     "at_most": "experience_samples"},
                    {"name": "mode", "type": "Literal['a', 'b']", "default": "a"},
                    {"name": "anything", "type": "Any", "default": None}],
-        "presets": {}, "depends": [__name__]}
+        "presets": {}, "depends": [__name__], "private": False, "private_needs": []}
 
 
 def test_a_strategy_whose_stand_in_would_differ_is_not_recorded():
@@ -272,20 +272,21 @@ def test_a_model_record_holds_its_signature_and_divisibility_rules():
 
 class _Callback:
     """A callback class: a static choice, a computed choice (a registry's names), a range, a setting used only with
-    another, a default the index cannot write and ``**kwargs``."""
+    another, a default the index cannot write, a parameter without annotation and ``**kwargs``."""
 
     def __init__(self, mode: Annotated[str, typecheck.Declared(choices=("a", "b"))] = "a",
                  model: Annotated[str, typecheck.Declared(choices=lambda: ["mlp", "cnn"])] = "mlp",
                  rate: Annotated[float, typecheck.Range(0, 1, open_low=True)] = 0.5,
                  extra: Annotated[int, typecheck.Declared(only_with=typecheck.only_with("mode", "b"))] = 1,
-                 odd: frozenset = frozenset(), **kwargs) -> None:
+                 odd: frozenset = frozenset(), plain=3, **kwargs) -> None:
         pass
 
 
 def test_a_callback_signature_records_each_declaration_and_reads_back_with_or_without_computed_choices():
     """The record of a class's ``__init__`` (``self`` left out): types, defaults, ranges, static and computed
     choices (the latter marked ``computed``), ``only_with`` as data; a default it cannot write leaves that parameter
-    with no type. :func:`declared_parameters` reads it back: computed choices only when asked for."""
+    with no type, and a parameter without annotation has its default and no type. :func:`declared_parameters` reads
+    it back: computed choices only when asked for."""
     from clbench import recorded
 
     signature = recorded.signature_record(_Callback)
@@ -296,7 +297,7 @@ def test_a_callback_signature_records_each_declaration_and_reads_back_with_or_wi
          "within": {"low": 0, "high": 1, "open_low": True, "open_high": False}},
         {"name": "extra", "type": "int", "default": 1,
          "only_with": {"other": "mode", "equals": "b", "wanted": "b", "example": "b"}},
-        {"name": "odd", "type": None}]}
+        {"name": "odd", "type": None}, {"name": "plain", "type": None, "default": 3}]}
     hints, declared, defaults = recorded.declared_parameters(signature, computed_choices=False)
     assert hints == {"mode": str, "model": str, "rate": float, "extra": int}
     assert defaults == {"mode": "a", "model": "mlp", "rate": 0.5, "extra": 1}
@@ -305,3 +306,26 @@ def test_a_callback_signature_records_each_declaration_and_reads_back_with_or_wi
     assert declared["extra"].only_with == typecheck.only_with("mode", "b") and declared["mode"].only_with is None
     _, declared, _ = recorded.declared_parameters(signature, computed_choices=True)
     assert declared["model"].choices == ["mlp", "cnn"]
+
+
+def test_a_strategy_record_holds_whether_it_may_train_privately_and_the_needs_it_can_write_as_data():
+    """``private`` and ``private_needs``: a need whose test is a value (Empty, Equals) with its test, one whose test
+    is a function without (it and the needs after it are the full check's: failed_private_need stops there)."""
+    from types import SimpleNamespace
+
+    from clbench import recorded
+    from clbench.protocol import NO_REHEARSAL_MEMORY, PrivateNeed, StrategyBase
+
+    slots = PrivateNeed("slots", typecheck.Equals(0), "slots {value}: set slots: 0.")
+    odd = PrivateNeed("width", lambda width: width % 2 == 0, "width {value} is odd.")
+    cls = type("Private", (StrategyBase,), {"private": True, "private_needs": (NO_REHEARSAL_MEMORY, slots, odd)})
+    found = recorded.private_record(cls)
+    assert found["private"] is True
+    assert [need.get("test") for need in found["private_needs"]] == [{"empty": True}, {"equals": 0}, None]
+    assert recorded.private_record(StrategyBase) == {"private": False, "private_needs": [
+        {"field": "mem_size", "refusal": NO_REHEARSAL_MEMORY.refusal, "test": {"empty": True}}]}
+    assert recorded.failed_private_need(found, SimpleNamespace(mem_size=0, slots=0, width=3)) is None
+    assert recorded.failed_private_need(found, SimpleNamespace(slots=0)) is None        # no mem_size: satisfied
+    assert recorded.failed_private_need(found, SimpleNamespace(mem_size=20, slots=2)) == \
+        NO_REHEARSAL_MEMORY.refusal.format(value=20)
+    assert recorded.failed_private_need(found, SimpleNamespace(mem_size=0, slots=2)) == "slots 2: set slots: 0."

@@ -253,6 +253,11 @@ def _written(tmp_path: Path, texts: dict[str, str]) -> list[Path]:
     return paths
 
 
+PRIVATE = ", ".join(sorted(name for module in json.loads((ROOT / "clbench" / "plugin_index.json").read_text())[
+    "modules"].values() for name, found in module.get("records", {}).get("strategy", {}).items() if found["private"]))
+"""The shipped strategies that may train with dp, as the index records them (the full check's list: the parametrized
+test below compares the two lines)."""
+
 VALUES = {      # a wrong value that only the strategy's Config or the scenario's sizes know: (file, its refusal)
     "epochs -1": ("suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, args: {epochs: -1}}\n",
                   "strategies[0] (replay): args.epochs: -1 is out of range: epochs must be >= 1"),
@@ -312,6 +317,21 @@ VALUES = {      # a wrong value that only the strategy's Config or the scenario'
         "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: naive, dp: {epsilon: 0.01, delta: 1e-5}}\n",
         "strategies[0] (naive): dp: no noise multiplier reaches epsilon=0.01 at delta=1e-05: the RDP accountant's "
         "epsilon there is above 0.1029 however much noise is added; set epsilon above 0.1029, or raise delta."),
+    "dp: epsilon no noise reaches at the delta of a later scenario": (     # n from the index's recorded sizes
+        "suite: x\nscenarios: [synthetic, {name: split_digits, label: d2}]\nstrategies:\n"
+        "  - {name: naive, dp: {epsilon: 0.02}}\n",
+        "strategies[0] (naive): dp: no noise multiplier reaches epsilon=0.02 at delta=1/n=0.000796 (1,257 training "
+        "samples in scenarios[1] (d2)): the RDP accountant's epsilon there is above 0.03228 however much noise is "
+        "added; set epsilon above 0.03228, or raise delta."),
+    "dp: a strategy that cannot train privately": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n  - {name: replay, dp: {epsilon: 3.0}}\n",
+        f"strategies[0] (replay): dp: strategy 'replay' is not known to use each sample in one training call only, so "
+        f"its epsilon cannot be accounted; private strategies: {PRIVATE}."),
+    "dp: a private strategy with a rehearsal memory": (
+        "suite: x\nscenarios: [split_digits]\nstrategies:\n"
+        "  - {name: adapter_par, preset: cpu, args: {mem_size: 10}, callbacks: [{name: dp, args: {epsilon: 3.0}}]}\n",
+        "strategies[0] (adapter_par): dp with a rehearsal memory (mem_size 10) is refused: replayed samples are "
+        "trained on in several experiences, so the per-experience epsilon would understate theirs; set mem_size: 0."),
     "vit: heads": (
         "suite: x\nscenarios: [split_digits]\nstrategies:\n"
         "  - {name: naive, args: {model: vit, model_args: {num_heads: 5}}}\n",
@@ -528,6 +548,15 @@ def test_a_wrong_value_is_refused_from_the_index_without_importing_torch_avalanc
     ([{"name": "split_digits", "label": "digits"}], [{"name": "replay", "args": {"mem_size": 1258}}]),
     # a preset carrying model_args: those are left to the full check, the preset's other values checked here
     (["split_digits"], [{"name": "adapter_par", "preset": "full", "args": {"epochs": -1}}]),
+    # a model factory's divisibility rules, between its arguments and against a later scenario's input shape
+    (["split_digits"], [{"name": "naive", "args": {"model": "vit", "model_args": {"num_heads": 5}}}]),
+    (["split_digits", {"name": "split_mnist", "label": "m"}],
+     [{"name": "naive", "args": {"model": "vit", "model_args": {"patch_size": 8}}}]),
+    # dp: a strategy not declared private (the list of those that are), a private one failing its private_needs
+    (["split_digits"], [{"name": "replay", "dp": {"epsilon": 3.0}}]),
+    (["split_digits"], [{"name": "adapter_par", "preset": "cpu", "args": {"mem_size": 10}, "dp": {"epsilon": 3.0}}]),
+    (["split_digits"], [{"name": "adapter_par", "preset": "cpu", "args": {"mem_size": 10},
+                         "callbacks": [{"name": "dp", "args": {"epsilon": 3.0}}]}]),
 ])
 def test_the_index_refuses_a_value_with_the_line_of_the_full_check(monkeypatch, scenarios, strategies):
     """Each value refused before any import (from the index's records) is refused in the same words by the full
@@ -814,3 +843,17 @@ def test_each_value_the_index_knows_is_refused_in_process_before_the_imports(tmp
     with pytest.raises(ConfigError) as early:
         suite_file.check_without_imports(path)
     assert str(early.value) == f"{path}: {line}"
+
+
+def test_a_recorded_signature_skips_only_the_only_with_rules_whose_other_setting_it_does_not_record():
+    """A signature read from the index knows the types of some parameters only: a rule whose other setting has no
+    recorded type is left to the full check, and the rules after it are still checked."""
+    declared = {"a": typecheck.Declared(only_with=typecheck.only_with("c", 1)),
+                "b": typecheck.Declared(only_with=typecheck.only_with("d", 1))}
+    signature = suite_file.Signature(("a", "b", "c", "d"), False, {"a": int, "b": int, "d": int}, declared, {"d": 0},
+                                     complete=False)
+    with pytest.raises(ConfigError) as refused:
+        signature.check_used("w", {"a": 5, "b": 5})
+    assert str(refused.value) == ("w.args.b is used only with d: 1 (this entry's d is 0), so it would change nothing; "
+                                  "remove it or set d.")
+    signature.check_used("w", {"a": 5, "b": 5, "d": 1})

@@ -412,6 +412,9 @@ def test_check_divides_names_the_first_broken_rule_its_values_and_the_fix():
     with pytest.raises(ValueError, match="^patch_size 3 does not divide the image width 28 of s "):
         typecheck.check_divides([width], {"patch_size": 3}, (1, 27, 28), "s")
     typecheck.check_divides([HEADS, PATCH, width], {"num_heads": 8, "embed_dim": 64, "patch_size": 4}, (1, 32, 28))
+    typecheck.check_divides([HEADS], {"num_heads": 1, "embed_dim": 7})                 # 1 divides anything
+    with pytest.raises(ValueError, match="^num_heads 2 does not divide embed_dim 1 "):   # and 1 is divided by 1 only
+        typecheck.check_divides([HEADS], {"num_heads": 2, "embed_dim": 1})
 
 
 @pytest.mark.parametrize(("args", "shape"), [
