@@ -10,8 +10,8 @@ the sum over its runs.
 training FLOPs per item (forward and backward of one training step, 2 per multiply-add), COUNTED on CPU with
 ``torch.utils.flop_counter.FlopCounterMode`` on the suites' own networks at their real shapes (DER's per step, with
 the step's frozen backbones: forward only), divided by an H200's dense bf16 throughput at an assumed 25% utilization
-(:data:`H200_BF16_FLOPS`, :data:`UTILIZATION`), capped by the data path (:data:`DATA_PATH_CAP`: per-sample
-augmentation in the main process). ``benchmarks/gpu_check.sh`` measures them when a device is lent
+(:data:`H200_BF16_FLOPS`, :data:`UTILIZATION`), capped by the data path (:data:`DATA_PATH_CAP`: the per-sample
+fetch and collation of the training dataset in the main process; the crop and flip are batched on the device). ``benchmarks/gpu_check.sh`` measures them when a device is lent
 (``benchmarks/loop_throughput.py --device cuda``); docs/gpu_check.md says which figures are in use.
 """
 
@@ -24,8 +24,9 @@ H200_BF16_FLOPS = 989e12
 UTILIZATION = 0.25
 """Assumed fraction of it that small-image training reaches (kernel launches, small batches, fp32 parts)."""
 DATA_PATH_CAP = 15_000.0
-"""Images per second the per-sample crop+flip path (:class:`clbench.augment.CropFlip`) feeds on one core: torchvision
-v2's ~6,000 on the 2-core VM times the 2.5x ``benchmarks/augment_throughput.py`` measured in one process (loaded)."""
+"""Images per second one core feeds through a split CIFAR-100 experience's training ``DataLoader`` (Avalanche's
+per-sample indexing and the collation, batch 128, no augmentation: that is batched on the device,
+:meth:`clbench.augment.CropFlip.batch`): 10,000-20,000 measured on the 2-core VM under load, three passes."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Network:
     derived from it."""
 
     train_gflops: float
-    data_bound: bool = True            # images through the per-sample augmentation path
+    data_bound: bool = True            # images through the per-sample DataLoader path
 
     @property
     def items_per_s(self) -> float:
