@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from clbench.augment import CropFlip
-from clbench.typecheck import declarations
+from clbench.typecheck import Empty, declarations
 
 if TYPE_CHECKING:
     from clbench.metrics import MetricSpec
@@ -185,7 +185,9 @@ def scenario_kind(factory: Any) -> str:
 @dataclass(frozen=True)
 class PrivateNeed:
     """What a strategy's Config must satisfy to train with ``dp``: ``allows(value of field)``, else ``refusal``
-    (formatted with ``value``) says why and what to set. A Config without ``field`` satisfies it."""
+    (formatted with ``value``) says why and what to set. A Config without ``field`` satisfies it. An ``allows`` that
+    is a value (:class:`~clbench.typecheck.Equals`, :class:`~clbench.typecheck.Empty`) is recorded in the registries'
+    index and checked before the imports; a function is checked after them."""
 
     field: str
     allows: Callable[[Any], bool]
@@ -198,7 +200,7 @@ class PrivateNeed:
 
 
 NO_REHEARSAL_MEMORY = PrivateNeed(
-    "mem_size", lambda size: not size,
+    "mem_size", Empty(),
     "dp with a rehearsal memory (mem_size {value}) is refused: replayed samples are trained on in several "
     "experiences, so the per-experience epsilon would understate theirs; set mem_size: 0.")
 """No rehearsal memory under ``dp``: the memory's samples come back in later experiences, each accounted alone."""

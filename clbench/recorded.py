@@ -7,7 +7,8 @@ A strategy's record (:func:`strategy_record`): its Config's fields in order, eac
 (:func:`annotation_text`), its default and what it declares beside it (:class:`clbench.typecheck.Declared`: the range,
 the choices — evaluated when the index is built, marked ``computed`` where a function gives them, such as a
 registry's names —, ``at_most``, and ``only_with`` where it is an equality, :func:`clbench.typecheck.only_with`), and
-the strategy's presets with their values. :func:`stand_in` rebuilds from it an object with that ``Config`` (a
+the strategy's presets with their values, and whether it may train with ``dp`` and what its Config must then satisfy
+(:func:`private_record`, checked by :func:`failed_private_need`). :func:`stand_in` rebuilds from it an object with that ``Config`` (a
 dataclass with the same fields, annotations, defaults and declarations) and those ``PRESETS``, which
 :func:`clbench.config.checked_config` checks with the code of the full check: the refusals read the same. A record is
 kept only when the stand-in rebuilt from it describes the class exactly (:func:`_signature`); otherwise the strategy is
@@ -133,8 +134,43 @@ def strategy_record(cls: Any) -> dict | None:
         presets = {name: _data(values) for name, values in getattr(cls, "PRESETS", {}).items()}
     except Unrecordable:
         return None
-    record = {"fields": fields, "presets": presets, "depends": _strategy_modules(cls)}
+    record = {"fields": fields, "presets": presets, "depends": _strategy_modules(cls), **private_record(cls)}
     return record if _signature(stand_in(record, computed_choices=True)) == _signature(cls) else None
+
+
+def private_record(cls: Any) -> dict:
+    """Whether a strategy class may train with ``dp`` (its ``private``) and what its Config must then satisfy (its
+    ``private_needs``: each need's field and refusal, with its test where the test is a value,
+    :class:`~clbench.typecheck.Equals` or :class:`~clbench.typecheck.Empty`; a need whose test is a function has
+    none and is left, with the needs after it, to the full check)."""
+    needs = []
+    for need in getattr(cls, "private_needs", ()):
+        test = need.allows
+        entry = {"field": need.field, "refusal": need.refusal}
+        try:
+            if isinstance(test, typecheck.Equals):
+                entry["test"] = {"equals": _data(test.value)}
+            elif isinstance(test, typecheck.Empty):
+                entry["test"] = {"empty": True}
+        except Unrecordable:
+            pass
+        needs.append(entry)
+    return {"private": bool(getattr(cls, "private", False)), "private_needs": needs}
+
+
+def failed_private_need(record: dict, config: Any) -> str | None:
+    """The refusal of the first of a strategy ``record``'s ``private_needs`` that ``config`` fails (as
+    :meth:`clbench.protocol.StrategyBase.check_private` words it); None when it fails none of those recorded up to
+    the first without a test (that one and the rest are the full check's)."""
+    for need in record.get("private_needs", ()):
+        if "test" not in need:
+            return None
+        if not hasattr(config, need["field"]):
+            continue
+        value = getattr(config, need["field"])
+        if not (not value if "empty" in need["test"] else value == need["test"]["equals"]):
+            return need["refusal"].format(value=value)
+    return None
 
 
 def _field_record(f: dataclasses.Field, hints: dict, declared: typecheck.Declared) -> dict:
@@ -154,10 +190,14 @@ def _field_record(f: dataclasses.Field, hints: dict, declared: typecheck.Declare
 
 
 def _strategy_modules(cls: Any) -> list[str]:
-    """The modules whose code the record comes from: those that define the Config's fields and the presets."""
+    """The modules whose code the record comes from: those that define the Config's fields, the presets, ``private``
+    and ``private_needs``."""
     names = {f.name for f in dataclasses.fields(cls.Config)}
     found = {k.__module__ for k in cls.Config.__mro__ if names & set(vars(k).get("__annotations__", {}))}
     found |= {next(k.__module__ for k in cls.__mro__ if "PRESETS" in vars(k))} if hasattr(cls, "PRESETS") else set()
+    found |= {next(k.__module__ for k in cls.__mro__ if attribute in vars(k)) for attribute in ("private",
+                                                                                                 "private_needs")
+              if hasattr(cls, attribute)}
     return sorted(found)
 
 

@@ -363,8 +363,53 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
                             for name, values in strategy.PRESETS.items()}
         values, config = checked_config(item["name"], item.get("preset"), args,
                                         f"{source}: strategies[{i}] ({item['name']})", strategy)
+        if "dp" in item or any(c["name"] == "dp" for c in _entry_list("", item.get("callbacks", []), CALLBACK_KEYS,
+                                                                      allow_empty=True)):
+            _check_recorded_private(f"{source}: strategies[{i}] ({item['name']})", item["name"], found, config)
         checked.append((i, StrategyEntry(name=item["name"], args=values, label=item.get("label", "")), type(config)))
     _check_sizes(source, list(zip(scenarios, sizes)), checked)
+
+
+def _check_recorded_private(where: str, strategy: str, found: dict, config: Any) -> None:
+    """A ``dp`` entry's strategy against what the index records of its class (:func:`clbench.recorded.private_record`),
+    refused in the full check's words (:func:`_check_dp`): a strategy that does not declare ``private = True``
+    (listing those that do, when every strategy's flag is known without importing: :func:`_private_names`), and,
+    with opacus installed (the full check refuses its absence first), a Config failing one of the recorded
+    ``private_needs``."""
+    from clbench.privacy.config import not_private
+
+    if "private" not in found:
+        return
+    if not found["private"]:
+        names = _private_names()
+        if names is not None:
+            raise ConfigError(f"{where}: {not_private(strategy, names)}")
+        return
+    refusal = recorded.failed_private_need(found, config) if _installed("opacus") else None
+    if refusal is not None:
+        raise ConfigError(f"{where}: {refusal}")
+
+
+def _private_names() -> list[str] | None:
+    """The strategies that declare ``private = True``, as :func:`clbench.privacy.step.check_private_strategy` lists
+    them after importing every plugin module: read from the classes already imported and from the index's records
+    of the others; None when one is not known so (a plugin module not imported yet, a strategy the index does not
+    record), the full check then lists them."""
+    from clbench.plugins import sources
+
+    private = {name for name, cls in STRATEGIES._entries.items() if getattr(cls, "private", False)}
+    for source in sources():
+        if source.imported:
+            continue
+        if "strategy" in source.dynamic:
+            return None
+        for name in source.declared.get("strategy", {}):
+            found = record("strategy", name)
+            if found is None or "private" not in found or source.origin != "shipped":
+                return None
+            if found["private"]:
+                private.add(name)
+    return sorted(private)
 
 
 def _check_budget(where: str, args: dict, scenarios: list[tuple[ScenarioEntry, dict[str, int] | None]]) -> None:

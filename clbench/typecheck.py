@@ -147,6 +147,15 @@ class Equals:
         return v == self.value
 
 
+@dataclass(frozen=True)
+class Empty:
+    """The test ``not v`` (0, None, an empty collection): a value, not a function, so that the registries' index can
+    record a strategy's :class:`~clbench.protocol.PrivateNeed` that uses it (:mod:`clbench.recorded`)."""
+
+    def __call__(self, v: Any) -> bool:
+        return not v
+
+
 def only_with(other: str, value: Any) -> UsedOnlyWith:
     """Used only when field ``other`` equals ``value`` (``only_with("optimizer", "sgd")``)."""
     wanted = str(value).lower() if isinstance(value, bool) else str(value)

@@ -17,6 +17,14 @@ from clbench.privacy.rdp import smallest_epsilon
 from clbench.typecheck import POSITIVE, Range, declarations, only_with, setting
 
 
+def not_private(strategy: str, private: list[str]) -> PrivacyBudgetError:
+    """The refusal of ``dp`` for ``strategy``, whose class does not declare ``private = True``; ``private``: the
+    strategies that do (the same line from :func:`clbench.privacy.step.check_private_strategy`, after the imports,
+    and from the registries' index, before them)."""
+    return PrivacyBudgetError(f"dp: strategy {strategy!r} is not known to use each sample in one training call only, "
+                              f"so its epsilon cannot be accounted; private strategies: {', '.join(private)}.")
+
+
 class PrivacyBudgetError(ValueError):
     """A privacy budget that cannot be used (ε ≤ 0, δ ∉ (0, 1), clip ≤ 0, no ε or σ given, or no σ reaches ε);
     raised before training with a message saying what to change."""
@@ -82,4 +90,5 @@ def check_reachable(config: DPConfig, n_train: int | None, stream: str = "the st
                                  f"epsilon above {floor:.4g}, or raise delta.")
 
 
-__all__ = ["CLIPPING_MODES", "DECLARED", "DPConfig", "PrivacyBudgetError", "REFUSALS", "check_reachable"]
+__all__ = ["CLIPPING_MODES", "DECLARED", "DPConfig", "PrivacyBudgetError", "REFUSALS", "check_reachable",
+           "not_private"]

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from clbench.callbacks import CALLBACKS, BatchPlan, Callback, CallbackContext
 from clbench.privacy.accountant import epsilon, noise_multiplier
-from clbench.privacy.config import DECLARED, DPConfig, PrivacyBudgetError
+from clbench.privacy.config import DECLARED, DPConfig, PrivacyBudgetError, not_private
 from clbench.privacy.reattention import ErrorPrior, ErrorTracking, with_noise
 from clbench.privacy.rules import UnsupportedLayerError
 from clbench.privacy.sampling import PoissonPlan
@@ -71,10 +71,7 @@ def check_private_strategy(strategy: str) -> None:
     batch mean (the contract above); the refusal lists the private ones (every strategy module is loaded for it)."""
     if not STRATEGIES.get(strategy).private:
         load_plugins()
-        private = sorted(name for name in STRATEGIES.names() if STRATEGIES.get(name).private)
-        raise PrivacyBudgetError(f"dp: strategy {strategy!r} is not known to use each sample in one training call "
-                                 f"only, so its epsilon cannot be accounted; private strategies: "
-                                 f"{', '.join(private)}.")
+        raise not_private(strategy, sorted(name for name in STRATEGIES.names() if STRATEGIES.get(name).private))
 
 
 @dataclass
