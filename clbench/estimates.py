@@ -11,8 +11,9 @@ training FLOPs per item (forward and backward of one training step, 2 per multip
 ``torch.utils.flop_counter.FlopCounterMode`` on the suites' own networks at their real shapes (DER's per step, with
 the step's frozen backbones: forward only), divided by an H200's dense bf16 throughput at an assumed 25% utilization
 (:data:`H200_BF16_FLOPS`, :data:`UTILIZATION`), capped by the data path (:data:`DATA_PATH_CAP`: the per-sample
-fetch and collation of the training dataset in the main process; the crop and flip are batched on the device). ``benchmarks/gpu_check.sh`` measures them when a device is lent
-(``benchmarks/loop_throughput.py --device cuda``); docs/gpu_check.md says which figures are in use.
+fetch and collation of the training dataset in the main process; the crop and flip are batched on the device).
+``benchmarks/gpu_check.sh`` measures them when a device is lent (``benchmarks/loop_throughput.py --device cuda``);
+docs/gpu_check.md says which figures are in use.
 """
 
 from __future__ import annotations
