@@ -8,8 +8,8 @@ A strategy's record (:func:`strategy_record`): its Config's fields in order, eac
 the choices — evaluated when the index is built, marked ``computed`` where a function gives them, such as a
 registry's names —, ``at_most``, and ``only_with`` where it is an equality, :func:`clbench.typecheck.only_with`), and
 the strategy's presets with their values, and whether it may train with ``dp`` and what its Config must then satisfy
-(:func:`private_record`, checked by :func:`failed_private_need`). :func:`stand_in` rebuilds from it an object with that ``Config`` (a
-dataclass with the same fields, annotations, defaults and declarations) and those ``PRESETS``, which
+(:func:`private_record`, checked by :func:`failed_private_need`). :func:`stand_in` rebuilds from it an object with
+that ``Config`` (a dataclass with the same fields, annotations, defaults and declarations) and those ``PRESETS``, which
 :func:`clbench.config.checked_config` checks with the code of the full check: the refusals read the same. A record is
 kept only when the stand-in rebuilt from it describes the class exactly (:func:`_signature`); otherwise the strategy is
 left to the full check.
