@@ -1,4 +1,4 @@
-"""Issue #52's probe list, re-run as a user (and an adversary) would: from the command line, against the current code.
+"""The records and refusal probes, run as a user (and an adversary) would: from the command line, on current code.
 
 Each probe prints one line, ``<probe>: <class> (<seconds>s) <the line the command printed>``, and a count by class
 ends the output:
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMIT_S = 1.0                       # issue #52: a refusal within 1 s, before the heavy imports
+LIMIT_S = 1.0                       # a refusal within 1 s, before the heavy imports
 HEAVY = ("torch", "avalanche", "numpy")
 RUN = "split_digits__naive__s0"
 OTHER = "split_digits__replay__s0"
