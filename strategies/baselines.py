@@ -43,7 +43,7 @@ from avalanche.training.templates import SupervisedTemplate
 from torch import Tensor, nn
 
 from clbench import progress
-from clbench.callbacks import CallbackBridge, bridge
+from clbench.callbacks import CallbackBridge, CallbackList, bridge
 from clbench.models.checkpoint import load_weights
 from clbench.models.classifier import HEADS, build_classifier
 from clbench.precision import in_float32
@@ -96,13 +96,19 @@ class _EpochProgress(SupervisedPlugin):
         self.bar.close()
 
 
+def _augmenting_callbacks(template: SupervisedTemplate) -> CallbackList | None:
+    """The clbench callbacks bridged into ``template`` when they carry a batch augmentation, else None."""
+    for plugin in template.plugins:
+        if isinstance(plugin, CallbackBridge) and plugin.callbacks.batch_augment is not None:
+            return plugin.callbacks
+    return None
+
+
 def train_augment(template: SupervisedTemplate) -> Callable[[Tensor], Tensor] | None:
     """The scenario's batch augmentation of the clbench callbacks bridged into ``template``
     (:meth:`~clbench.callbacks.CallbackList.augment_batch`), None when it has none (or no callbacks are bridged)."""
-    for plugin in template.plugins:
-        if isinstance(plugin, CallbackBridge) and plugin.callbacks.batch_augment is not None:
-            return plugin.callbacks.augment_batch
-    return None
+    callbacks = _augmenting_callbacks(template)
+    return None if callbacks is None else callbacks.augment_batch
 
 
 class AugmentedBatches:
@@ -157,10 +163,8 @@ def unaugmented_minibatch(template: SupervisedTemplate) -> Tensor | None:
     """The template's current training minibatch before the scenario's batch augmentation
     (:attr:`clbench.callbacks.CallbackList.unaugmented`); None when the scenario has none (``mb_x`` is then as the
     data loader gave it) or no callbacks are bridged."""
-    for plugin in template.plugins:
-        if isinstance(plugin, CallbackBridge) and plugin.callbacks.batch_augment is not None:
-            return plugin.callbacks.unaugmented
-    return None
+    callbacks = _augmenting_callbacks(template)
+    return None if callbacks is None else callbacks.unaugmented
 
 
 class AvalancheStrategy(StrategyBase):
