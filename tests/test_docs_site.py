@@ -16,7 +16,9 @@ from clbench.registry import STRATEGIES
 
 ROOT = Path(__file__).parents[1]
 CHROMIUM = next((p for name in ("chromium", "chromium-browser") if (p := shutil.which(name))), None)
-HISTORY = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b(?:[0-9a-f]{7}|[0-9a-f]{40})\b(?![-\w])|\bissues? #?\d+|this session",
+# a date or a commit id, also inside a name (``h200_2026-11-26_7ca7342``: ``_`` is a word character, so no ``\b``)
+HISTORY = re.compile(r"(?<!\d)20\d\d-\d\d-\d\d(?!\d)|(?<![0-9a-z])(?:[0-9a-f]{7}|[0-9a-f]{40})(?![0-9a-z-])"
+                     r"|\bissues? #?\d+|this session",
                      re.IGNORECASE)
 # every hand-written page: README.md and all of docs/ (the generated pages are written into the site, not docs/)
 PRODUCT_PAGES = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md")))]
