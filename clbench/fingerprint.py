@@ -6,7 +6,7 @@ trees (a plugin file's helper module beside it) they import, transitively — fo
 statements, not by importing them, so the plugin modules the registry loads by name stay out — and every model module
 (:data:`LOOKED_UP`: backbones are found by name through ``MODELS``, so no import leads to them). Modules that cannot
 change a run's numbers are left out (:data:`EXCLUDED`: the command line, leaderboard, report, progress bars,
-executors).
+executors, plugin discovery: which module registers a name is found there, and that module counts itself).
 
 A module counts by its code: the hash is taken over its syntax tree with the docstrings removed, so editing a
 comment, a docstring or the formatting does not make records stale; changing an expression does.
@@ -38,7 +38,7 @@ CORE = ("clbench.runner",)          # with what it imports: config, metrics, eva
 LOOKED_UP = ("clbench.models",)     # packages whose modules are reached through a registry: all of them count
 EXCLUDED = frozenset({"clbench.cli", "clbench.executors", "clbench.leaderboard", "clbench.report",
                       "clbench.progress", "clbench.fingerprint", "clbench.commands.pretrain",
-                      "clbench.commands.forget"})
+                      "clbench.commands.forget", "clbench.plugins"})
 _PACKAGE_DIR = Path(__file__).parent
 
 

@@ -15,7 +15,8 @@ modules from the committed index ``plugin_index.json`` (:func:`build_index`, ``m
 while its file's sha256 matches), for installed packages from the index cached per distribution and version
 (:func:`cache_file`: ``<user cache>/clbench/plugin_index/<distribution>-<version>.json``, written the first time
 one of its modules is imported, with what it registered; an entry counts only while the module's sha256 matches, and
-another version is another file), otherwise from the module's syntax tree (:func:`scan`: literal
+another version is another file; it also holds whether each of the module's strategies may train with ``dp``:
+:func:`private_flag`), otherwise from the module's syntax tree (:func:`scan`: literal
 ``X.register("name")`` calls; a module that registers a computed name is imported when the full list of names is
 needed). ``get(name)`` imports the one module that declares ``name``; ``clbench --help`` and ``clbench list``
 import none of the shipped ones, nor an installed package's once its index is cached. The committed index also
@@ -287,6 +288,8 @@ class Source:
     cached: bool = False            # what it declares was read from its cache
     records: dict[str, dict[str, dict]] = field(default_factory=dict)   # {kind: {name: record}} from the index
     elsewhere: bool = False         # its distribution's code may register into a registry that is not a plugin one
+    private: dict[str, dict] | None = None   # its strategies' cached ``private`` flags (:func:`private_flag`);
+    #                                          None: not cached
 
     @property
     def imported(self) -> bool:
@@ -297,7 +300,8 @@ class Source:
         if not loaded and self.origin != "shipped":
             UNAVAILABLE[self.module] += f" (from the {self.origin})"
         for source in (_sources or ()) if loaded else ():     # this one and installed ones it imported
-            if source.cache is not None and not source.cached and source.module in sys.modules:
+            if source.cache is not None and source.module in sys.modules and (
+                    not source.cached or source.private is None and "strategy" in source.declared):
                 _save_cache(source)
         return loaded
 
@@ -390,7 +394,8 @@ def _entry_point_sources(shipped: dict[str, set[str]]) -> list[Source]:
                                                                                    declared, dynamic, shipped)
         found.append(Source(ep.module, path, f"entry point {ep.name!r} of {dist}",
                             known["entries"] if cached else declared, set() if cached else dynamic, cache, sha256,
-                            cached, elsewhere=path is None or _registers_elsewhere(ep, data)))
+                            cached, elsewhere=path is None or _registers_elsewhere(ep, data),
+                            private=_cached_private(known) if cached else None))
     return found
 
 
@@ -446,10 +451,52 @@ def _trusted(cache: Path, module: str, known: dict, declared: dict[str, dict[str
     return problem is None
 
 
+def _cached_private(known: dict) -> dict[str, dict] | None:
+    """The ``private`` flags of a trusted cache entry's strategies (``{name: {"private": bool, "depends": {module:
+    sha256}}}``, :func:`_save_cache`), kept only for names the entry declares; None when the entry has none or
+    they are not of that form (the flags are then left to the full check, after the import)."""
+    flags, names = known.get("private"), known["entries"].get("strategy", {})
+    if not (isinstance(flags, dict) and all(
+            name in names and isinstance(flag, dict) and isinstance(flag.get("private"), bool)
+            and isinstance(flag.get("depends"), dict)
+            and all(isinstance(m, str) and isinstance(s, str) for m, s in flag["depends"].items())
+            for name, flag in flags.items())):
+        return None
+    return flags
+
+
+def private_flag(name: str) -> tuple[bool, Path] | None:
+    """Whether the strategy ``name`` of an installed plugin module not imported yet declares ``private = True``, and
+    the cache file this is read from; None when no trusted cache entry records it, or a module its flag comes from
+    (the class's or a base class's, :func:`_save_cache`) has changed since (the full check decides, after the
+    import)."""
+    for source in sources():
+        if source.imported or source.private is None or name not in source.private:
+            continue
+        flag = source.private[name]
+        current = {s.module: s.sha256 for s in sources() if s.origin != "shipped"}
+        if all(current.get(module, _sha256_of(module)) == sha for module, sha in flag["depends"].items()):
+            return flag["private"], source.cache
+    return None
+
+
+def _private_entry(cls: Any, source: Source) -> dict | None:
+    """A strategy class's cache entry for :func:`private_flag`: its ``private`` and the sha256 of the module it comes
+    from (the class itself or the base class that sets it); None when that module is neither shipped nor an installed
+    plugin module."""
+    module = next((k.__module__ for k in cls.__mro__ if "private" in vars(k)), None)
+    if module is None:
+        return None
+    installed = {s.module: s.sha256 for s in sources() if s.origin != "shipped"}
+    sha = installed.get(module) or _sha256_of(module)
+    return None if sha is None else {"private": bool(cls.private), "depends": {module: sha}}
+
+
 def cache_file(distribution: str, version: str) -> Path:
     """Where the index of an installed distribution's plugin modules is cached: ``$CLBENCH_CACHE`` (else
     ``$XDG_CACHE_HOME/clbench``, else ``~/.cache/clbench``) ``/plugin_index/<distribution>-<version>.json``, as
-    :data:`INDEX_FILE` (``{"modules": {module: {"sha256", "entries": {kind: {name: summary}}}}}``)."""
+    :data:`INDEX_FILE` (``{"modules": {module: {"sha256", "entries": {kind: {name: summary}}, "private": {strategy:
+    {"private", "depends"}}}}}``)."""
     root = os.environ.get("CLBENCH_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
                                                    "clbench")
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in f"{distribution}-{version}")
@@ -470,9 +517,14 @@ def _save_cache(source: Source) -> None:
     path = source.cache
     entries = {r.kind: {name: r.describe_entry(r._entries[name]) for name, origin in sorted(r.origins.items())
                         if origin == source.module} for r in _tracked}
+    strategies = {r.kind: r for r in _tracked}.get("strategy")
+    private = {} if strategies is None else {
+        name: flag for name, origin in sorted(strategies.origins.items()) if origin == source.module
+        and (flag := _private_entry(strategies._entries[name], source)) is not None}
     modules = {**_read_cache(path), source.module: {"sha256": source.sha256,
-                                                    "entries": {k: v for k, v in entries.items() if v}}}
-    source.cached = True
+                                                    "entries": {k: v for k, v in entries.items() if v},
+                                                    "private": private}}
+    source.cached, source.private = True, private
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -595,4 +647,5 @@ def write_index(path: Path = INDEX_FILE) -> None:
 __all__ = ["ENTRY_POINT_GROUP", "ENV", "FAILED_NAMES", "INDEX_FILE", "KINDS", "UNAVAILABLE", "VARIABLES",
            "PluginError", "Source", "build_index", "cache_file", "declared", "failure", "holder", "import_plugin",
            "load_declaring", "load_dynamic", "load_plugin", "load_plugins", "module_declaring", "only_shipped",
-           "record", "registering", "scan", "shipped_modules", "sources", "strategy_summary", "track", "write_index"]
+           "private_flag", "record", "registering", "scan", "shipped_modules", "sources", "strategy_summary", "track",
+           "write_index"]

@@ -43,7 +43,7 @@ from clbench import recorded, typecheck
 from clbench.config import checked_config, type_hints
 from clbench.errors import ConfigError, check_keys, suggest
 from clbench.names import MAX_NAME, check_path_name
-from clbench.plugins import record
+from clbench.plugins import private_flag, record
 from clbench.registry import CALLBACKS, SCENARIOS, STRATEGIES, PluginError, load_plugin, only_shipped
 from clbench.specs import ScenarioEntry, StrategyEntry, SuiteSpec, check_seeds
 from clbench.typecheck import brief
@@ -353,8 +353,12 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
     shapes = [(s, recorded.recorded_shape(record("scenario", s.name), s.args)) for s in scenarios]
     for i, item in enumerate(raw_strategies):
         found = record("strategy", item["name"])
+        private = "dp" in item or any(c["name"] == "dp" for c in _entry_list("", item.get("callbacks", []),
+                                                                             CALLBACK_KEYS, allow_empty=True))
         if found is not None:
             _check_recorded_model(f"{source}: strategies[{i}] ({item['name']})", item, found, shapes)
+        elif private:
+            _check_cached_private(f"{source}: strategies[{i}] ({item['name']})", item["name"])
         strategy = recorded.stand_in(found, computed_choices) if found is not None else None
         args = item.get("args", {})
         if strategy is None or "model_args" in args:
@@ -363,8 +367,7 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
                             for name, values in strategy.PRESETS.items()}
         values, config = checked_config(item["name"], item.get("preset"), args,
                                         f"{source}: strategies[{i}] ({item['name']})", strategy)
-        if "dp" in item or any(c["name"] == "dp" for c in _entry_list("", item.get("callbacks", []), CALLBACK_KEYS,
-                                                                      allow_empty=True)):
+        if private:
             _check_recorded_private(f"{source}: strategies[{i}] ({item['name']})", item["name"], found, config)
         checked.append((i, StrategyEntry(name=item["name"], args=values, label=item.get("label", "")), type(config)))
     _check_sizes(source, list(zip(scenarios, sizes)), checked)
@@ -390,11 +393,25 @@ def _check_recorded_private(where: str, strategy: str, found: dict, config: Any)
         raise ConfigError(f"{where}: {refusal}")
 
 
+def _check_cached_private(where: str, strategy: str) -> None:
+    """A ``dp`` entry's strategy of an installed plugin package not imported yet, refused in the full check's words
+    when the package's plugin index cache (:func:`clbench.plugins.private_flag`) records that its class does not
+    declare ``private = True`` and every strategy's flag is known without importing; the refusal names the file."""
+    from clbench.privacy.config import not_private
+
+    flag = private_flag(strategy)
+    names = _private_names() if flag is not None and not flag[0] else None
+    if names is not None:
+        raise ConfigError(f"{where}: {not_private(strategy, names)} (`private` read from the plugin index cache "
+                          f"{flag[1]}; delete that file if it is out of date)")
+
+
 def _private_names() -> list[str] | None:
     """The strategies that declare ``private = True``, as :func:`clbench.privacy.step.check_private_strategy` lists
     them after importing every plugin module: read from the classes already imported and from the index's records
     of the others; None when one is not known so (a plugin module not imported yet, a strategy the index does not
-    record), the full check then lists them."""
+    record, an installed plugin's strategy its cache does not record: :func:`clbench.plugins.private_flag`), the
+    full check then lists them."""
     from clbench.plugins import sources
 
     private = {name for name, cls in STRATEGIES._entries.items() if getattr(cls, "private", False)}
@@ -404,10 +421,14 @@ def _private_names() -> list[str] | None:
         if "strategy" in source.dynamic:
             return None
         for name in source.declared.get("strategy", {}):
-            found = record("strategy", name)
-            if found is None or "private" not in found or source.origin != "shipped":
+            if source.origin == "shipped":
+                found = record("strategy", name)
+                flag = None if found is None else found.get("private")
+            else:
+                flag = (private_flag(name) or (None,))[0]
+            if flag is None:
                 return None
-            if found["private"]:
+            if flag:
                 private.add(name)
     return sorted(private)
 

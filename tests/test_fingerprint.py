@@ -400,3 +400,10 @@ def test_a_pinned_fingerprint_is_answered_as_pinned(monkeypatch):
     fingerprint.pin([("fp_strategy", "fp_scenario", "f" * 16), ("fp_other", "fp_scenario", "e" * 16)])
     assert fingerprint.code_fingerprint("fp_strategy", "fp_scenario") == "f" * 16
     assert fingerprint.code_fingerprint("fp_other", "fp_scenario") == "e" * 16
+
+
+def test_plugin_discovery_is_not_code_a_run_depends_on():
+    """Which module registers a name is found by clbench.plugins, and that module counts by itself: editing the
+    discovery (its cache format, its checks) leaves every record's fingerprint as it was; the registry counts."""
+    files = fingerprint.module_files(["clbench.runner"])
+    assert "clbench.registry" in files and "clbench.plugins" not in files

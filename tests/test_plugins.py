@@ -378,11 +378,112 @@ def test_an_installed_plugin_that_registers_only_strategies_leaves_the_choices_c
             suite_file._check_recorded_values("s.yaml", [{"name": "split_digits"}], sgdd)
 
 
+PRIVATE_MODULE = """
+from dataclasses import dataclass
+
+from clbench.protocol import StrategyBase
+from clbench.registry import STRATEGIES
+
+
+@dataclass
+class PlainConfig:
+    lr: float = 0.1
+
+
+@STRATEGIES.register("test_cached_plain")
+class Plain(StrategyBase):
+    \"\"\"Not private (StrategyBase's default).\"\"\"
+
+    Config = PlainConfig
+
+    def train(self, experience):
+        pass
+
+    def predict(self, x, task_labels):
+        pass
+
+    def num_parameters(self):
+        pass
+
+
+@STRATEGIES.register("test_cached_private")
+class Private(Plain):
+    \"\"\"Private.\"\"\"
+
+    private = True
+"""
+
+
+def test_dp_on_an_installed_plugins_strategy_that_is_not_private_is_refused_from_its_cache_without_importing_it(
+        tmp_path):
+    """`dp:` on a plugin package's strategy that cannot train privately took the full import (~20 s) to refuse: the
+    first import of the package writes each strategy's `private` flag (and the module it comes from, with its sha256)
+    into its plugin index cache, and a later load refuses from there, naming the cache file, the module unimported;
+    a private strategy of the package passes, and a dependency that changed since leaves the refusal to the full
+    check."""
+    site = tmp_path / "site"
+    info = site / "test_private_pkg-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: test-private-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[clbench.plugins]\nmethods = test_private_methods\n")
+    (site / "test_private_methods.py").write_text(PRIVATE_MODULE)
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "CLBENCH_CACHE": str(tmp_path / "cache")}
+    first = _python("""
+        from clbench import plugins
+        plugins.load_declaring("strategy", "test_cached_plain")
+        print(plugins.cache_file("test-private-pkg", "0.1"))
+    """, env=env)
+    cache = Path(first.stdout.strip())
+    flags = json.loads(cache.read_text())["modules"]["test_private_methods"]["private"]
+    assert {name: flag["private"] for name, flag in flags.items()} == {"test_cached_plain": False,
+                                                                      "test_cached_private": True}
+    assert list(flags["test_cached_plain"]["depends"]) == ["clbench.protocol"]     # StrategyBase sets it
+    assert list(flags["test_cached_private"]["depends"]) == ["test_private_methods"]
+    check = """
+        import sys
+        from clbench import suite_file
+        from clbench.errors import ConfigError
+        try:
+            suite_file._check_recorded_values("s.yaml", [{"name": "split_digits"}],
+                                              [{"name": %r, "dp": {"epsilon": 3.0}}])
+            print("passed")
+        except ConfigError as exc:
+            print(exc)
+        print("test_private_methods" in sys.modules)
+    """
+    line, imported = _python(check % "test_cached_plain", env=env).stdout.strip().splitlines()
+    assert line.startswith("s.yaml: strategies[0] (test_cached_plain): dp: strategy 'test_cached_plain' is not known "
+                           "to use each sample in one training call only") and imported == "False"
+    assert "test_cached_private" in line.split("private strategies: ")[1] and "naive" in line
+    assert line.endswith(f"(`private` read from the plugin index cache {cache}; delete that file if it is out of "
+                         "date)")
+    assert _python(check % "test_cached_private", env=env).stdout.split() == ["passed", "False"]
+    data = json.loads(cache.read_text())
+    data["modules"]["test_private_methods"]["private"]["test_cached_plain"]["depends"]["clbench.protocol"] = "0" * 64
+    cache.write_text(json.dumps(data))
+    assert _python(check % "test_cached_plain", env=env).stdout.split() == ["passed", "False"]
+
+
+@pytest.mark.parametrize("flags", [
+    None, ["test_cached_nm"], {"test_cached_nm": {"private": "no", "depends": {}}},
+    {"test_invented": {"private": False, "depends": {}}}, {"test_cached_nm": {"private": False}},
+], ids=["absent", "a list", "not a bool", "an undeclared name", "no depends"])
+def test_private_flags_that_are_not_well_formed_are_not_read(installed, flags):
+    installed({"strategy": {"test_cached_nm": ""}})
+    entry = json.loads(plugins.cache_file("test-cached-pkg", "0.1").read_text())
+    entry["modules"]["test_cached_methods"]["private"] = flags
+    plugins.cache_file("test-cached-pkg", "0.1").write_text(json.dumps(entry))
+    plugins._sources = None
+    assert _installed_source().cached and _installed_source().private is None
+    assert plugins.private_flag("test_cached_nm") is None
+
+
 PYTHON = sys.executable
 
 
-def _python(code: str, cwd: Path = ROOT, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CLBENCH_JOBS": "1", "PYTHONPATH": str(ROOT)}
+def _python(code: str, cwd: Path = ROOT, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter, with ``env`` added to this process's environment."""
+    env = {**os.environ, "CLBENCH_JOBS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([PYTHON, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300, **kwargs)
 
