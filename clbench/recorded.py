@@ -246,13 +246,16 @@ def scenario_record(name: str, factory: Any) -> dict | None:
     :func:`dataset_record`), and what two functions of its arguments declared beside it return for its defaults
     and for the arguments each shipped suite gives it (checked as the loader checks them; left out without the
     function or when it reads arguments it does not name): the sizes of ``sizes(**args)`` and the input shape of
-    ``input_shape(**args)`` (``(C, H, W)`` of an image; ``None`` when the data decide it)."""
+    ``input_shape(**args)`` (``(C, H, W)`` of an image; ``None`` when the data decide it); and its ``size_limits``
+    (``{size: count}`` no arguments exceed: the loader checks them for arguments the sizes table does not hold)."""
     record = {"signature": signature_record(factory), "depends": [factory.__module__],
               "datasets": [dataset_record(spec) for spec in getattr(factory, "datasets", ())]}
     sizes = _declared_table(name, factory, "sizes", lambda found: {k: int(v) for k, v in found.items()})
     if sizes is not None:
         params, table = sizes
         record.update(params=params, sizes=[{"args": json.loads(key), "sizes": found} for key, found in table])
+    if hasattr(factory, "size_limits"):
+        record["limits"] = {size: int(count) for size, count in factory.size_limits.items()}
     shapes = _declared_table(name, factory, "input_shape", lambda found: None if found is None else list(found))
     if shapes is not None:
         params, table = shapes
@@ -390,6 +393,11 @@ def recorded_sizes(record: dict | None, args: dict) -> dict[str, int] | None:
     if record is None or "sizes" not in record:
         return None
     return _recorded(record["params"], [(e["args"], e["sizes"]) for e in record["sizes"]], args)
+
+
+def recorded_limits(record: dict | None) -> dict[str, int]:
+    """The sizes no arguments of a scenario exceed, as its ``record`` holds them (``{}``: none declared)."""
+    return {} if record is None else record.get("limits", {})
 
 
 def recorded_shape(record: dict | None, args: dict) -> tuple[int, ...] | None:

@@ -297,25 +297,36 @@ def _check_kinds(source: str, scenarios: list[ScenarioEntry], strategies: list[S
 
 
 def _check_sizes(source: str, scenarios: list[tuple[ScenarioEntry, dict[str, int] | None]],
-                 strategies: list[tuple[int, StrategyEntry, type]]) -> None:
+                 strategies: list[tuple[int, StrategyEntry, type]], limits: list[dict[str, int]] | None = None
+                 ) -> None:
     """Every value an entry ``(i, strategies[i], its Config)`` sets for a field bounded by a scenario size (its
     declared ``at_most``, else the generic rule of :data:`clbench.typecheck.SIZE_BOUNDS`: ``mem_size``,
     ``n_shards``) is at most that size of every scenario whose sizes are known (``(scenarios[j], sizes or None)``:
     the factory's ``sizes(**args)``, computed without loading the data, or recorded in the registries' index): a
     memory larger than the stream would be the same run as one of the stream's size under another number, and more
-    shards than samples fail in the run."""
+    shards than samples fail in the run. A scenario whose sizes are not known yet is checked against its
+    ``limits`` (``{size: count}`` no arguments of it exceed, from the index; the exact sizes after the imports)."""
     known = [(j, s, size) for j, (s, size) in enumerate(scenarios) if size is not None]
+    bounded = [(j, s, limit) for j, ((s, size), limit) in enumerate(zip(scenarios, limits or [{}] * len(scenarios)))
+               if size is None and limit]
     for i, strategy, config in strategies:
         declared = typecheck.declarations(config)
         for name, value in strategy.args.items():
             bound = declared[name].bound_for(name) if name in declared else None
-            for j, scenario, size in known if bound is not None and isinstance(value, int) else ():
+            if bound is None or not isinstance(value, int):
+                continue
+            where = f"{source}: strategies[{i}] ({strategy.key}): args.{name} {value:,} is more than the"
+            for j, scenario, size in known:
                 if bound in size and value > size[bound]:
                     raise ConfigError(
-                        f"{source}: strategies[{i}] ({strategy.key}): args.{name} {value:,} is more than the "
-                        f"{size[bound]:,} {typecheck.SCENARIO_SIZES[bound]} of scenarios[{j}] ({scenario.key}); "
-                        f"set {name} to at most {size[bound]:,} (every strategy of a suite runs on every scenario: "
-                        f"put the entries in separate suites to use other values).")
+                        f"{where} {size[bound]:,} {typecheck.SCENARIO_SIZES[bound]} of scenarios[{j}] "
+                        f"({scenario.key}); set {name} to at most {size[bound]:,} (every strategy of a suite runs on "
+                        f"every scenario: put the entries in separate suites to use other values).")
+            for j, scenario, limit in bounded:
+                if bound in limit and value > limit[bound]:
+                    raise ConfigError(
+                        f"{where} {limit[bound]:,} {typecheck.SCENARIO_SIZES[bound]} that scenarios[{j}] "
+                        f"({scenario.key}) can have with any arguments; set {name} to at most its stream's size.")
 
 
 def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategies: list[dict]) -> None:
@@ -370,7 +381,8 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
         if private:
             _check_recorded_private(f"{source}: strategies[{i}] ({item['name']})", item["name"], found, config)
         checked.append((i, StrategyEntry(name=item["name"], args=values, label=item.get("label", "")), type(config)))
-    _check_sizes(source, list(zip(scenarios, sizes)), checked)
+    _check_sizes(source, list(zip(scenarios, sizes)), checked,
+                 [recorded.recorded_limits(record("scenario", s.name)) for s in scenarios])
 
 
 def _check_recorded_private(where: str, strategy: str, found: dict, config: Any) -> None:

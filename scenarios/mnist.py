@@ -109,8 +109,10 @@ def _sizes_of(per_class: tuple[int, ...]):
 split_mnist.check_args = _split_check(MNIST_TRAIN_PER_CLASS)
 split_fmnist.check_args = _split_check(FASHION_MNIST_TRAIN_PER_CLASS)
 split_mnist.sizes = _sizes_of(MNIST_TRAIN_PER_CLASS)
+split_mnist.size_limits = {"train_samples": sum(MNIST_TRAIN_PER_CLASS)}    # any arguments
 split_mnist.input_shape = lambda **_: (1, 28, 28)  # (C, H, W), recorded: checked at load
 split_fmnist.sizes = _sizes_of(FASHION_MNIST_TRAIN_PER_CLASS)
+split_fmnist.size_limits = {"train_samples": sum(FASHION_MNIST_TRAIN_PER_CLASS)}
 split_fmnist.input_shape = split_mnist.input_shape
 split_mnist.datasets = (data.MNIST,)        # what it reads: checked before `clbench run` imports (the index records it)
 split_fmnist.datasets = (data.FASHION_MNIST,)

@@ -24,3 +24,12 @@ def test_split_digits_declares_the_sizes_it_builds(args):
         assert sizes["experience_samples"] <= min(smallest)
     else:
         assert sizes["experience_samples"] == min(smallest)
+
+
+def test_no_arguments_give_more_training_samples_than_the_declared_limit():
+    """The stratified split tests one image of each digit at least: at test_fraction 10/1,797 the stream holds
+    1,787 images, the declared limit, and no smaller fraction is accepted."""
+    factory = SCENARIOS.get("split_digits")
+    assert factory.sizes(test_fraction=0.00556)["train_samples"] == factory.size_limits["train_samples"] == 1787
+    with pytest.raises(ValueError, match="greater or equal to the number of classes"):
+        factory.sizes(test_fraction=0.005)      # 9 test images

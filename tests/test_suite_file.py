@@ -438,6 +438,26 @@ def test_mem_size_is_at_most_the_training_samples_of_the_stream():
     assert "100,000 is more than" in _refused(digits, [{"name": "replay", "args": {"mem_size": 100000}}])
 
 
+def test_a_size_above_what_any_scenario_arguments_give_is_refused_before_the_imports():
+    """`batch_size: 10^12` on split_digits with arguments no shipped suite gives (their sizes are not in the index)
+    was refused only after the imports: the scenario's recorded limit (no arguments give more than 1,787 training
+    samples) refuses it from the index, in one line."""
+    from clbench import recorded
+    from clbench.plugins import record
+
+    digits = [{"name": "split_digits", "args": {"n_experiences": 2, "test_fraction": 0.25}}]
+    assert recorded.recorded_sizes(record("scenario", "split_digits"), digits[0]["args"]) is None
+    with pytest.raises(ConfigError) as refused:
+        suite_file._check_recorded_values("s.yaml", digits, [{"name": "naive", "args": {"batch_size": 10 ** 12}}])
+    assert str(refused.value) == (
+        "s.yaml: strategies[0] (naive): args.batch_size 1,000,000,000,000 is more than the 1,787 training samples in "
+        "the whole stream that scenarios[0] (split_digits) can have with any arguments; set batch_size to at most "
+        "its stream's size.")
+    suite_file._check_recorded_values("s.yaml", digits, [{"name": "naive", "args": {"batch_size": 1787}}])
+    assert "more than the 1,347 training samples in the whole stream of scenarios[0]" in _refused(
+        digits, [{"name": "naive", "args": {"batch_size": 1787}}])         # the exact size, after the imports
+
+
 def test_every_scenario_of_the_suite_bounds_the_memory():
     synthetic = {"name": "synthetic", "label": "syn", "args": {"train_per_class": 10}}     # 60 samples
     message = _refused(["split_digits", synthetic], [{"name": "replay", "args": {"mem_size": 61}}])
