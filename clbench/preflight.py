@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from clbench import optional
@@ -206,6 +207,8 @@ def check_suite_datasets(suite: str, scenarios: list[str] | None) -> None:
     spec = _selected(suite, scenarios, None)
     for entry in spec.scenarios if spec is not None else ():
         found = record("scenario", entry.name)
+        if found is not None and "data_check" in found:
+            _data_check(entry, found)
         for dataset in (found or {}).get("datasets", ()):
             from clbench.data.roots import ENV_VAR, download_enabled, download_root, search_roots
 
@@ -224,6 +227,22 @@ def check_suite_datasets(suite: str, scenarios: list[str] | None) -> None:
             raise ConfigError(f"dataset {dataset['name']!r} of scenario {entry.key} not found under the data roots "
                               f"{', '.join(map(str, roots))} (expected {expected}); set {ENV_VAR}=<a root holding "
                               f"it> or pass --data-root <root>{fetch}.")
+
+
+def _data_check(entry: Any, found: dict) -> None:
+    """The scenario's recorded ``data_check`` (``"module:function"``, a torch-free function of its arguments:
+    :func:`clbench.recorded.scenario_record`) called with the entry's arguments over the recorded defaults; what it
+    refuses (a missing dataset, a ``ValueError`` with the fix) is one :class:`ConfigError` line naming the entry."""
+    import importlib
+
+    from clbench.data.errors import DatasetNotFound
+
+    module, _, function = found["data_check"].partition(":")
+    defaults = {p["name"]: p["default"] for p in found["signature"]["params"] if "default" in p}
+    try:
+        getattr(importlib.import_module(module), function)(**{**defaults, **entry.args})
+    except (DatasetNotFound, ValueError, OSError) as exc:
+        raise ConfigError(f"scenario {entry.key}: {exc}") from None
 
 
 def preflight(specs: Iterable, out: Path) -> None:

@@ -247,13 +247,17 @@ def scenario_record(name: str, factory: Any) -> dict | None:
     and for the arguments each shipped suite gives it (checked as the loader checks them; left out without the
     function or when it reads arguments it does not name): the sizes of ``sizes(**args)`` and the input shape of
     ``input_shape(**args)`` (``(C, H, W)`` of an image; ``None`` when the data decide it); and its ``size_limits``
-    (``{size: count}`` no arguments exceed: the loader checks them for arguments the sizes table does not hold)."""
+    (``{size: count}`` no arguments exceed: the loader checks them for arguments the sizes table does not hold); and
+    its ``data_check``, ``"module:function"`` of a function that checks its data from its arguments without torch
+    (:func:`clbench.preflight.check_suite_datasets` calls it before the imports)."""
     record = {"signature": signature_record(factory), "depends": [factory.__module__],
               "datasets": [dataset_record(spec) for spec in getattr(factory, "datasets", ())]}
     sizes = _declared_table(name, factory, "sizes", lambda found: {k: int(v) for k, v in found.items()})
     if sizes is not None:
         params, table = sizes
         record.update(params=params, sizes=[{"args": json.loads(key), "sizes": found} for key, found in table])
+    if hasattr(factory, "data_check"):
+        record["data_check"] = str(factory.data_check)
     if hasattr(factory, "size_limits"):
         record["limits"] = {size: int(count) for size, count in factory.size_limits.items()}
     shapes = _declared_table(name, factory, "input_shape", lambda found: None if found is None else list(found))

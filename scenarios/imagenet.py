@@ -53,3 +53,6 @@ def split_imagenet_subset(*, seed: int = 0, root: str = "tiny-imagenet-100", cla
                               extra={"root": root, "wnids": arrays.class_names, "class_order_name": class_order})
     return image_class_incremental(info, arrays, order, max_per_class, batch_augment=crop_flip(size, size // 8),
                                    holdout=Holdout(holdout, valid_fraction))
+
+
+split_imagenet_subset.data_check = "clbench.data.catalog:check_image_folder"   # torch-free: run before the imports

@@ -157,6 +157,27 @@ def test_images_of_mixed_sizes_are_refused_naming_image_size(tmp_path):
         ImageFolderRead()(paths)
 
 
+def test_an_image_folder_is_checked_from_its_listing_and_headers_before_it_is_read(tmp_path, monkeypatch):
+    """ImageFolderRead.check refuses, in the read's words and without decoding an image, a flat val/ without its
+    ground-truth file and images of different sizes (unless ``size`` resizes them); a good folder passes."""
+    from clbench.data.catalog import ImageFolderRead
+
+    _imagenet_tree(tmp_path, {"ILSVRC2012_val_00000001": 8, "ILSVRC2012_val_00000002": 12})
+    paths = {"train": tmp_path / "train", "val": tmp_path / "val"}
+    monkeypatch.setattr(Image.Image, "convert", lambda *a: pytest.fail("an image was decoded"))
+    with pytest.raises(ValueError, match=r"images of different sizes \(8x8, 12x12\); set the scenario's image_size"):
+        ImageFolderRead().check(paths)
+    ImageFolderRead(size=6).check(paths)
+    (tmp_path / "LOC_val_solution.csv").unlink()
+    with pytest.raises(ValueError, match="holds its images directly, without class folders, and no ground-truth "
+                                         "file .* put ImageNet's LOC_val_solution.csv beside val/"):
+        ImageFolderRead(size=6).check(paths)
+    good = tmp_path / "good"
+    make_image_folder(good / "train", {"n01": 2, "n02": 2})
+    make_image_folder(good / "val", {"n01": 1, "n02": 1})
+    ImageFolderRead().check({"train": good / "train", "val": good / "val"})
+
+
 def test_class_list_reader_accepts_wnid_lines_and_split_file_lines(tmp_path):
     (tmp_path / "classes.tsv").write_text("n01\tgoldfish, Carassius\n\n# comment\nn03\tfrog\nn01\tagain\n")
     assert readers.read_class_list(tmp_path / "classes.tsv") == ["n01", "n03"]

@@ -141,6 +141,36 @@ def test_a_missing_dataset_is_refused_before_the_imports(tmp_path):
     assert heavy == [], heavy
 
 
+def test_an_image_folder_scenarios_data_are_checked_before_the_imports(tmp_path):
+    """split_imagenet_subset over a flat val/ without LOC_val_solution.csv, or over images of mixed sizes without
+    image_size, failed each run after the imports: its recorded data check refuses either in one line before them
+    (torch not imported), naming the scenario and the fix; with the ground-truth file and image_size it passes."""
+    from tests.test_data import _imagenet_tree
+
+    _imagenet_tree(tmp_path / "in", {"ILSVRC2012_val_00000001": 8, "ILSVRC2012_val_00000002": 12})
+    for name, extra in (("sized", ", image_size: 8"), ("mixed", "")):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"suite: {name}\nscenarios: [{{name: split_imagenet_subset, args: {{root: '{tmp_path}/in', "
+            f"n_experiences: 1{extra}}}}}]\nstrategies: [naive]\n")
+    check = ("import sys\nfrom clbench.errors import ConfigError\nfrom clbench.preflight import check_suite_datasets\n"
+             "try:\n    check_suite_datasets(sys.argv[1], None)\n    print('passed')\nexcept ConfigError as exc:\n"
+             "    print(exc)\nprint('torch' in sys.modules)\n")
+
+    def refusal(name: str) -> str:
+        done = subprocess.run([PYTHON, "-c", check, str(tmp_path / f"{name}.yaml")], capture_output=True, text=True,
+                              cwd=ROOT)
+        line, torch_imported = done.stdout.strip().splitlines()
+        assert torch_imported == "False", done
+        return line
+
+    assert refusal("sized") == "passed"
+    assert refusal("mixed").startswith("scenario split_imagenet_subset: ") and \
+        "images of different sizes (8x8, 12x12); set the scenario's image_size" in refusal("mixed")
+    (tmp_path / "in" / "LOC_val_solution.csv").unlink()
+    assert refusal("sized").startswith(f"scenario split_imagenet_subset: {tmp_path}/in/val holds its images "
+                                       "directly, without class folders, and no ground-truth file")
+
+
 PYTHON = sys.executable
 
 

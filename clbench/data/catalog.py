@@ -190,11 +190,28 @@ class ImageFolderRead:
     class_list: str | None = None
     size: int | None = None
 
-    def __call__(self, paths: dict[str, Path]) -> SplitArrays:
+    def classes(self, paths: dict[str, Path]) -> list[str]:
+        """The selected wnids, sorted."""
         if self.class_list is None:
-            classes = readers.list_classes(paths["train"])
+            return readers.list_classes(paths["train"])
+        return sorted(readers.read_class_list(paths["train"].parent / self.class_list))
+
+    def check(self, paths: dict[str, Path], per_class: int = 2) -> None:
+        """What reading would refuse that can be seen without decoding, in its words, in well under a second: a flat
+        ``val/`` without a ground-truth file and, without ``size``, images of different sizes among the first
+        ``per_class`` of each class (and of ``val/``) read from their headers (the read checks every image)."""
+        classes = self.classes(paths)
+        if not any((paths["val"] / name).is_dir() for name in classes):
+            readers.flat_ground_truth(paths["val"])
+            val = readers.flat_images(paths["val"])[:per_class * len(classes)]
         else:
-            classes = sorted(readers.read_class_list(paths["train"].parent / self.class_list))
+            val = [f for name in classes for f in readers.image_files(paths["val"] / name)[:per_class]]
+        if self.size is None:
+            files = [f for name in classes for f in readers.image_files(paths["train"] / name)[:per_class]]
+            readers.check_image_sizes(paths["train"].parent, files + val)
+
+    def __call__(self, paths: dict[str, Path]) -> SplitArrays:
+        classes = self.classes(paths)
         x_train, y_train = readers.read_image_folder(paths["train"], classes, self.size)
         flat = not any((paths["val"] / name).is_dir() for name in classes)    # ImageNet's official val/ layout
         read_val = readers.read_flat_image_folder if flat else readers.read_image_folder
@@ -212,6 +229,16 @@ def image_folder_dataset(folder: str, class_list: str | None = None, size: int |
     return DatasetSpec(folder, (Layout(folder, {"train": None, "val": None}, ImageFolderRead(class_list, size)),),
                        how_to_get="ImageNet cannot be downloaded automatically (licence); place an image-folder copy "
                                   f"with train/ and val/ sub-folders at {_place(folder)}")
+
+
+def check_image_folder(*, root: str, class_list: str | None = None, image_size: int | None = None,
+                       data_root: PathLike | None = None, **_: object) -> None:
+    """An image-folder scenario's data checked before its run is imported (``split_imagenet_subset``'s
+    ``data_check``, :func:`clbench.preflight.check_suite_datasets`): found under the data roots
+    (:class:`DatasetNotFound` otherwise), then :meth:`ImageFolderRead.check`. Needs no torch."""
+    spec = image_folder_dataset(root, class_list, image_size)
+    layout, paths = locate(spec, data_root)
+    layout.read.check(paths)
 
 
 def _place(folder: str) -> str:

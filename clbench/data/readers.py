@@ -61,6 +61,11 @@ def list_classes(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir())
 
 
+def image_files(folder: Path) -> list[Path]:
+    """The images of ``folder`` (:data:`IMAGE_SUFFIXES`), in sorted name order."""
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+
+
 def read_image_folder(folder: Path, classes: Sequence[str], size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Images of ``folder/<classes[i]>/`` with label ``i``: ``(N, S, S, 3)`` uint8 and ``(N,)`` int64.
 
@@ -70,7 +75,7 @@ def read_image_folder(folder: Path, classes: Sequence[str], size: int | None = N
     files: list[Path] = []
     labels: list[int] = []
     for label, name in enumerate(classes):
-        found = sorted(p for p in (folder / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        found = image_files(folder / name)
         if not found:
             raise ValueError(f"{folder / name}: no images ({', '.join(sorted(IMAGE_SUFFIXES))}).")
         files += found
@@ -89,12 +94,26 @@ def read_images(folder: Path, files: Sequence[Path], size: int | None = None) ->
             if size is not None:
                 image = image.resize((size, size), Image.Resampling.BILINEAR)
             images.append(np.asarray(image, dtype=np.uint8))
-    shapes = sorted({im.shape[:2] for im in images})
+    _check_one_size(folder, {im.shape[:2] for im in images})
+    return np.stack(images)
+
+
+def _check_one_size(folder: Path, shapes: set[tuple[int, int]]) -> None:
+    """Refuse images of more than one ``(H, W)`` in ``shapes``, naming ``image_size`` (the fix)."""
     if len(shapes) > 1:
+        shapes = sorted(shapes)
         raise ValueError(f"{folder}: images of different sizes ({', '.join(f'{w}x{h}' for h, w in shapes[:3])}"
                          f"{', ...' if len(shapes) > 3 else ''}); set the scenario's image_size (e.g. image_size: 64) "
                          f"to resize them all.")
-    return np.stack(images)
+
+
+def check_image_sizes(folder: Path, files: Sequence[Path]) -> None:
+    """:func:`read_images`' refusal of mixed sizes, from the files' headers alone (nothing decoded)."""
+    sizes = set()
+    for file in files:
+        with Image.open(file) as image:
+            sizes.add(image.size[::-1])
+    _check_one_size(folder, sizes)
 
 
 GROUND_TRUTH_FILES = {"LOC_val_solution.csv": "ImageId,PredictionString", "val_annotations.txt": "file<TAB>wnid"}
@@ -128,6 +147,17 @@ def ground_truth(folder: Path) -> dict[str, str] | None:
     return None
 
 
+def flat_ground_truth(folder: Path) -> dict[str, str]:
+    """:func:`ground_truth` of a flat image folder; a ``ValueError`` with the fix when it has none."""
+    truth = ground_truth(folder)
+    if truth is None:
+        raise ValueError(f"{folder} holds its images directly, without class folders, and no ground-truth file "
+                         f"({' or '.join(f'{n} ({f})' for n, f in GROUND_TRUTH_FILES.items())}) lies in it or beside "
+                         f"it: put ImageNet's LOC_val_solution.csv beside {folder.name}/, or sort the images into "
+                         f"{folder.name}/<wnid>/ folders.")
+    return truth
+
+
 def read_flat_image_folder(folder: Path, classes: Sequence[str], size: int | None = None
                            ) -> tuple[np.ndarray, np.ndarray]:
     """The images lying directly in ``folder`` (:func:`flat_images`) whose class, read from its ground-truth file
@@ -135,12 +165,7 @@ def read_flat_image_folder(folder: Path, classes: Sequence[str], size: int | Non
     out. A ``ValueError`` with the fix when there is no ground-truth file, an image has no line in it, or a class
     has no image."""
     files = flat_images(folder)
-    truth = ground_truth(folder)
-    if truth is None:
-        raise ValueError(f"{folder} holds its images directly, without class folders, and no ground-truth file "
-                         f"({' or '.join(f'{n} ({f})' for n, f in GROUND_TRUTH_FILES.items())}) lies in it or beside "
-                         f"it: put ImageNet's LOC_val_solution.csv beside {folder.name}/, or sort the images into "
-                         f"{folder.name}/<wnid>/ folders.")
+    truth = flat_ground_truth(folder)
     unlabelled = [f.name for f in files if f.stem not in truth]
     if unlabelled:
         raise ValueError(f"{folder}: {len(unlabelled)} image(s) have no line in its ground-truth file (first: "
