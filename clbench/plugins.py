@@ -474,21 +474,26 @@ def private_flag(name: str) -> tuple[bool, Path] | None:
         if source.imported or source.private is None or name not in source.private:
             continue
         flag = source.private[name]
-        current = {s.module: s.sha256 for s in sources() if s.origin != "shipped"}
-        if all(current.get(module, _sha256_of(module)) == sha for module, sha in flag["depends"].items()):
+        if all(_module_sha256(module) == sha for module, sha in flag["depends"].items()):
             return flag["private"], source.cache
     return None
 
 
-def _private_entry(cls: Any, source: Source) -> dict | None:
+def _module_sha256(module: str) -> str | None:
+    """The sha256 of an installed plugin module's file (as found at discovery) or of a shipped module's; None for
+    any other module."""
+    installed = next((s.sha256 for s in sources() if s.origin != "shipped" and s.module == module), None)
+    return installed or _sha256_of(module)
+
+
+def _private_entry(cls: Any) -> dict | None:
     """A strategy class's cache entry for :func:`private_flag`: its ``private`` and the sha256 of the module it comes
     from (the class itself or the base class that sets it); None when that module is neither shipped nor an installed
     plugin module."""
     module = next((k.__module__ for k in cls.__mro__ if "private" in vars(k)), None)
     if module is None:
         return None
-    installed = {s.module: s.sha256 for s in sources() if s.origin != "shipped"}
-    sha = installed.get(module) or _sha256_of(module)
+    sha = _module_sha256(module)
     return None if sha is None else {"private": bool(cls.private), "depends": {module: sha}}
 
 
@@ -520,7 +525,7 @@ def _save_cache(source: Source) -> None:
     strategies = {r.kind: r for r in _tracked}.get("strategy")
     private = {} if strategies is None else {
         name: flag for name, origin in sorted(strategies.origins.items()) if origin == source.module
-        and (flag := _private_entry(strategies._entries[name], source)) is not None}
+        and (flag := _private_entry(strategies._entries[name])) is not None}
     modules = {**_read_cache(path), source.module: {"sha256": source.sha256,
                                                     "entries": {k: v for k, v in entries.items() if v},
                                                     "private": private}}

@@ -285,6 +285,17 @@ class Cached:
 '''
 
 
+def installed_package(site: Path, distribution: str, module: str, code: str) -> Path:
+    """``site`` holding distribution ``distribution 0.1`` as pip installs it (a dist-info folder) whose
+    ``clbench.plugins`` entry point names ``module``, written with ``code``."""
+    info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[clbench.plugins]\nmethods = {module}\n")
+    (site / f"{module}.py").write_text(code)
+    return site
+
+
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
     """An installed distribution ``test-cached-pkg 0.1`` whose entry point names ``test_cached_methods`` (a
@@ -292,12 +303,7 @@ def installed(tmp_path, monkeypatch):
     in this test and put back after it."""
     import hashlib
 
-    site = tmp_path / "site"
-    info = site / "test_cached_pkg-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: test-cached-pkg\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[clbench.plugins]\nmethods = test_cached_methods\n")
-    (site / "test_cached_methods.py").write_text(CACHED_MODULE)
+    site = installed_package(tmp_path / "site", "test-cached-pkg", "test_cached_methods", CACHED_MODULE)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("CLBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(plugins, "_sources", None)
@@ -421,12 +427,7 @@ def test_dp_on_an_installed_plugins_strategy_that_is_not_private_is_refused_from
     into its plugin index cache, and a later load refuses from there, naming the cache file, the module unimported;
     a private strategy of the package passes, and a dependency that changed since leaves the refusal to the full
     check."""
-    site = tmp_path / "site"
-    info = site / "test_private_pkg-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: test-private-pkg\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[clbench.plugins]\nmethods = test_private_methods\n")
-    (site / "test_private_methods.py").write_text(PRIVATE_MODULE)
+    site = installed_package(tmp_path / "site", "test-private-pkg", "test_private_methods", PRIVATE_MODULE)
     env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "CLBENCH_CACHE": str(tmp_path / "cache")}
     first = _python("""
         from clbench import plugins
