@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,27 @@ def test_jobs_2_gives_the_sequential_records_and_survives_failures_and_dead_work
         assert RunRecord.load(record_path(tmp_path / "parallel", r.run_id)).status == r.status
 
 
+WAITED = ("Ctrl-C came before seed 0 was recorded and seed 1 started (600 s): the workers did not start in time on "
+          "this machine; rerun on a quieter one")
+
+
+def _press_ctrl_c_once(ready, wait_s: float = 600.0) -> types.SimpleNamespace:
+    """Sends SIGINT to this process, from a thread, once ``ready()`` holds (polled every 50 ms) or after ``wait_s``
+    seconds; the returned namespace's ``reached`` says which (set before the signal). A loaded machine can take
+    minutes to start the workers: pressing after a short fixed wait tests the wrong moment."""
+    pressed = types.SimpleNamespace(reached=False)
+
+    def press():
+        deadline = time.monotonic() + wait_s
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pressed.reached = bool(ready())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press, daemon=True).start()
+    return pressed
+
+
 def test_ctrl_c_stops_the_workers_keeps_finished_records_and_resume_runs_the_rest(tmp_path, ctrl_c):
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -158,15 +180,10 @@ def test_ctrl_c_stops_the_workers_keeps_finished_records_and_resume_runs_the_res
     out = tmp_path / "out"
     first = record_path(out, specs[0].run_id)
 
-    def press_ctrl_c():                      # once seed 0 is recorded and seed 1 is held in the other worker
-        deadline = time.monotonic() + 120
-        while not (first.exists() and attempts(markers, 1)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    pressed = _press_ctrl_c_once(lambda: first.exists() and attempts(markers, 1))
     with pytest.raises(KeyboardInterrupt):
         LocalExecutor(jobs=2, threads=1).run_all(specs, out)
+    assert pressed.reached, WAITED
     assert multiprocessing.active_children() == []                       # the held worker was stopped
     assert sorted(p.name for p in (out / "runs").glob("*.json")) == [first.name]
 
@@ -582,15 +599,10 @@ def test_ctrl_c_cancels_pending_and_running_tasks_keeps_finished_records_and_res
     out = tmp_path / "out"
     first = record_path(out, specs[0].run_id)
 
-    def press_ctrl_c():                        # once seed 0 is recorded and seed 1 is held in its worker
-        deadline = time.monotonic() + 120
-        while not (first.exists() and attempts(markers, 1)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    pressed = _press_ctrl_c_once(lambda: first.exists() and attempts(markers, 1))
     with pytest.raises(KeyboardInterrupt):
         RayExecutor().run_all(specs, out)
+    assert pressed.reached, WAITED
     assert sorted(p.name for p in (out / "runs").glob("*.json")) == [first.name]
     held = [int(p.read_text()) for p in markers.glob("[123].*")]
     deadline = time.monotonic() + 30
