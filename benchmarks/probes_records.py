@@ -49,6 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests._plugin_dist import installed_package  # noqa: E402 - standard library only
+
 LIMIT_S = 1.0                       # a refusal within 1 s, before the heavy imports
 HEAVY = ("torch", "avalanche", "numpy")
 RUN = "split_digits__naive__s0"
@@ -219,15 +222,10 @@ class ProbePlugin(StrategyBase):
 
 
 def plugin_site(folder: Path) -> tuple[Path, str]:
-    """An installed distribution ``probe-plugin 0.1`` (a dist-info folder, as pip writes it) whose entry point names
-    a module registering the strategy ``probe_plugin_nm``; returns the site folder and the module's sha256."""
-    info = folder / "probe_plugin-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: probe-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[clbench.plugins]\nmethods = probe_plugin_methods\n")
-    module = folder / "probe_plugin_methods.py"
-    module.write_text(PLUGIN)
-    return folder, hashlib.sha256(module.read_bytes()).hexdigest()
+    """An installed distribution ``probe-plugin 0.1`` whose entry point names a module registering the strategy
+    ``probe_plugin_nm``; returns the site folder and the module's sha256."""
+    site = installed_package(folder, "probe-plugin", "probe_plugin_methods", PLUGIN)
+    return site, hashlib.sha256((site / "probe_plugin_methods.py").read_bytes()).hexdigest()
 
 
 def descendants(pid: int) -> list[int]:

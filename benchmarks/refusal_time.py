@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clbench.files import locked_folder  # noqa: E402
+from tests._plugin_dist import installed_package  # noqa: E402
 from tests.test_preflight import command_line_cases, dataset_case  # noqa: E402
 from tests.test_suite_file import MALFORMED, VALUES  # noqa: E402 - the test's files, one list
 
@@ -52,17 +53,6 @@ PLUGIN = """from clbench.registry import STRATEGIES
 class BenchPlugin:
     \"\"\"A strategy of an installed package (never imported by a refusal).\"\"\"
 """
-
-
-def installed_plugin(folder: Path) -> Path:
-    """A site folder holding an installed distribution ``bench-plugin 0.1`` whose entry point names a module that
-    registers a strategy: on ``PYTHONPATH`` it is found as pip would install it."""
-    info = folder / "bench_plugin-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bench-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[clbench.plugins]\nmethods = bench_plugin_methods\n")
-    (folder / "bench_plugin_methods.py").write_text(PLUGIN)
-    return folder
 
 
 def refusal(argv: list[str], env: dict[str, str], fsize: int = 0) -> tuple[float, str]:
@@ -93,7 +83,8 @@ def main() -> None:
           "|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        plugin = {"PYTHONPATH": os.pathsep.join([str(installed_plugin(folder / "site")), str(ROOT)]),
+        site = installed_package(folder / "site", "bench-plugin", "bench_plugin_methods", PLUGIN)
+        plugin = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]),
                   "CLBENCH_CACHE": str(folder / "cache")}
         kinds = {}
         for kind, text in {**MALFORMED, **{kind: text for kind, (text, _) in VALUES.items()}}.items():

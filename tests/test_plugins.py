@@ -19,6 +19,7 @@ from clbench import plugins, registry
 from clbench.cli import main
 from clbench.plugins import ENV, UNAVAILABLE, PluginError, import_plugin, load_plugin, scan
 from clbench.registry import MODELS, STRATEGIES, UnavailableError
+from tests._plugin_dist import installed_package
 
 ROOT = Path(__file__).parents[1]
 
@@ -283,17 +284,6 @@ from clbench.registry import STRATEGIES
 class Cached:
     """A strategy of an installed package (never imported here)."""
 '''
-
-
-def installed_package(site: Path, distribution: str, module: str, code: str) -> Path:
-    """``site`` holding distribution ``distribution 0.1`` as pip installs it (a dist-info folder) whose
-    ``clbench.plugins`` entry point names ``module``, written with ``code``."""
-    info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[clbench.plugins]\nmethods = {module}\n")
-    (site / f"{module}.py").write_text(code)
-    return site
 
 
 @pytest.fixture

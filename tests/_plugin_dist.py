@@ -1,0 +1,17 @@
+"""An installed plugin package, as pip writes one, for the tests and benchmarks that need a real entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def installed_package(site: Path, distribution: str, module: str, code: str) -> Path:
+    """``site`` holding distribution ``distribution 0.1`` as pip installs it (a dist-info folder) whose
+    ``clbench.plugins`` entry point names ``module``, written with ``code``; on ``sys.path`` (or ``PYTHONPATH``) it
+    is discovered as an installed plugin package."""
+    info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[clbench.plugins]\nmethods = {module}\n")
+    (site / f"{module}.py").write_text(code)
+    return site
