@@ -153,6 +153,10 @@ def test_an_artifact_is_returned_only_as_the_file_its_run_wrote_word_for_word(tm
     assert refusal() == f"{folder / 'model.pt'} is not the file its run wrote (changed since); {again}"
     (folder / "model.pt").unlink()
     assert refusal() == f"{folder / 'model.pt'} is not the file its run wrote (changed since); {again}"
+    (folder / "model.pt").write_bytes(b"M")
+    owner = json.loads((folder / "owner.json").read_text())
+    (folder / "owner.json").write_text(json.dumps({**owner, "files": ["model.pt"]}))     # not the name -> hash map
+    assert refusal() == f"{folder / 'model.pt'} is not the file its run wrote (that run wrote none); {again}"
 
 
 # ------------------------------------------------------------------------------------------- records checked on read
@@ -237,6 +241,50 @@ def test_an_edited_spec_identity_run_id_or_seed_is_refused(tmp_path):
     assert _refusal(tmp_path, {**record, "seed": 1}) == f"seed 1 is not its spec's (0); {EDITED}"
     assert _refusal(tmp_path, {**record, "spec": {k: v for k, v in spec.items() if k != "seed"}}) == (
         f"spec cannot be read as a run's (KeyError: 'seed'); {EDITED}")
+
+
+def test_a_record_that_read_a_checkpoint_is_checked_with_the_hash_it_stored(tmp_path):
+    """The identity hash of a run that read ``init`` holds the checkpoint's hash at run time
+    (:meth:`RunSpec.identity`): the record still reads once the file has changed, and a record without stored
+    hashes (written before checkpoints were hashed) has none in its identity although its file exists now."""
+    from clbench.config import config_hash
+    from clbench.specs import RunSpec
+
+    checkpoint = tmp_path / "w.pt"
+    checkpoint.write_bytes(b"weights read by the run")
+    record = json.loads(REFERENCE.read_text())
+    spec = record["spec"]
+    spec = {**spec, "strategy": {**spec["strategy"], "args": {**spec["strategy"]["args"], "init": str(checkpoint)}}}
+    config = {**record["strategy_config"], "init": str(checkpoint)}
+    at_run = RunSpec.from_dict(spec).identity(config)                   # what the runner hashed
+    record = {**record, "spec": spec, "strategy_config": config, "checkpoints": at_run["checkpoints"],
+              "identity_hash": config_hash(at_run)}
+    checkpoint.write_bytes(b"overwritten since")
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(record))
+    assert record_files.read(path) == record
+    assert record_files.identity(record, RunSpec.from_dict(spec))["checkpoints"] == at_run["checkpoints"]
+    older = {k: v for k, v in record.items() if k != "checkpoints"}
+    assert "checkpoints" not in record_files.identity(older, RunSpec.from_dict(spec))
+
+
+def test_a_record_of_other_metrics_is_checked_with_their_own_specs(tmp_path):
+    """A record scored by NDCG@10 and Hit@10 (a sequence scenario: ``accuracy_matrix`` empty) reads back, its
+    summaries recomputed under each metric's own columns; its matrices without ``metric_specs``, a matrix list
+    instead of an object and both matrices missing are refused in one line each."""
+    ndcg = {"name": "ndcg@10", "unit": "", "higher_is_better": True, "primary": True, "columns": {}}
+    hit = {**ndcg, "name": "hit@10", "primary": False}
+    record = sealed({"run_id": "", "status": "finished", "seed": 0,
+                     "spec": {"suite": "s", "scenario": {"name": "sc"}, "strategy": {"name": "st"}},
+                     "metric_specs": [ndcg, hit], "accuracy_matrix": [], "test_sizes": [3, 5],
+                     "matrices": {"ndcg@10": [[0.3, 0.0], [0.2, 0.4]], "hit@10": [[0.6, 0.1], [0.5, 0.7]]}})
+    assert record["metrics"]["ndcg@10_last"] == pytest.approx((3 * 0.2 + 5 * 0.4) / 8)
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(record))
+    assert record_files.read(path) == record
+    assert _refusal(tmp_path, {**record, "metric_specs": None}).startswith("metric_specs cannot be read (")
+    assert _refusal(tmp_path, {**record, "matrices": ["ndcg@10", "hit@10"]}) == (
+        f"matrices lack ndcg@10, hit@10 of its metric_specs; {EDITED}")
 
 
 def test_records_of_older_shapes_are_checked_as_what_they_are(tmp_path):
