@@ -348,15 +348,10 @@ def _check_recorded_values(source: str, raw_scenarios: list[dict], raw_strategie
     sizes = [recorded.recorded_sizes(record("scenario", s.name), s.args) for s in scenarios]
     for i, item in enumerate(raw_strategies):
         where = f"{source}: strategies[{i}] ({item['name']})"
-        entries = [(f"{where}.callbacks", k, c) for k, c in enumerate(_entry_list(
-            f"{where}.callbacks", item.get("callbacks", []), CALLBACK_KEYS, allow_empty=True))]
-        dp_entries = [*entries, *([(f"{where}.dp", 0, {"name": "dp", "args": item["dp"]})] if "dp" in item else [])]
-        _check_one_dp(where, sum(callback["name"] == "dp" for _, _, callback in dp_entries))
-        for place, k, callback in dp_entries:
+        entries = _callback_entries(where, item)
+        _check_budgets(where, entries, Signature.recorded("callback", "dp"), list(zip(scenarios, sizes)))
+        for place, k, callback in entries:
             signature = Signature.recorded("callback", callback["name"])
-            if signature is not None and callback["name"] == "dp":
-                _check_budget(where, _callback_args(place, k, callback, dataclasses.replace(signature, declared={})),
-                              list(zip(scenarios, sizes)))
             if signature is not None:
                 _callback_args(place, k, callback, signature)
     computed_choices = only_shipped()
@@ -443,6 +438,29 @@ def _private_names() -> list[str] | None:
             if flag:
                 private.add(name)
     return sorted(private)
+
+
+def _callback_entries(where: str, item: dict) -> list[tuple[str, int, dict]]:
+    """``(place, index, entry)`` of every callback entry of the strategy entry ``item``: its ``callbacks:`` list,
+    then its ``dp:`` key as the ``dp`` callback (``place`` is what a refusal names: ``<where>.callbacks`` or
+    ``<where>.dp``)."""
+    entries = [(f"{where}.callbacks", k, c) for k, c in enumerate(_entry_list(
+        f"{where}.callbacks", item.get("callbacks", []), CALLBACK_KEYS, allow_empty=True))]
+    return [*entries, *([(f"{where}.dp", 0, {"name": "dp", "args": item["dp"]})] if "dp" in item else [])]
+
+
+def _check_budgets(where: str, entries: list[tuple[str, int, dict]], signature: Signature | None,
+                   scenarios: list[tuple[ScenarioEntry, dict[str, int] | None]]) -> None:
+    """The ``dp`` entries among a strategy entry's callback ``entries`` (:func:`_callback_entries`): at most one
+    (:func:`_check_one_dp`), and its budget (:func:`_check_budget`: the budget's own words) before its arguments'
+    declared ranges and choices are checked. Both phases of suite loading call it, the torch-free one with the dp
+    callback's recorded ``signature`` (None: not recorded, left to the full check) and the full one with its
+    factory's, so that a value is refused in the same words by both."""
+    _check_one_dp(where, sum(callback["name"] == "dp" for _, _, callback in entries))
+    for place, k, callback in entries:
+        if signature is not None and callback["name"] == "dp":
+            _check_budget(where, _callback_args(place, k, callback, dataclasses.replace(signature, declared={})),
+                          scenarios)
 
 
 def _check_budget(where: str, args: dict, scenarios: list[tuple[ScenarioEntry, dict[str, int] | None]]) -> None:
@@ -536,11 +554,14 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
         scenarios.append(ScenarioEntry(name=item["name"], label=item.get("label", ""),
                                        args=_checked_scenario_args(where, item["name"], item.get("args", {}))))
 
+    sizes = [getattr(SCENARIOS.get(s.name), "sizes", None) for s in scenarios]
+    sized = [(s, found and found(**s.args)) for s, found in zip(scenarios, sizes)]
     strategies = []
     for i, item in enumerate(raw_strategies):
         where = f"{source}: strategies[{i}] ({item['name']})"
         args, config = checked_config(item["name"], item.get("preset"), item.get("args", {}), where)
         _check_model_args(where, config, scenarios)
+        _check_budgets(where, _callback_entries(where, item), Signature.of(CALLBACKS.get("dp")), sized)
         callbacks = parse_callbacks(f"{where}.callbacks", item.get("callbacks", []))
         if "dp" in item:
             callbacks += _parse_dp(where, item["dp"])
@@ -553,9 +574,7 @@ def parse_suite(data: Any, source: str = "<suite>") -> SuiteSpec:
                                         args=args, label=item.get("label", ""), callbacks=callbacks))
 
     _check_kinds(source, scenarios, strategies)
-    sizes = [getattr(SCENARIOS.get(s.name), "sizes", None) for s in scenarios]
-    _check_sizes(source, [(s, found and found(**s.args)) for s, found in zip(scenarios, sizes)],
-                 [(i, s, STRATEGIES.get(s.name).Config) for i, s in enumerate(strategies)])
+    _check_sizes(source, sized, [(i, s, STRATEGIES.get(s.name).Config) for i, s in enumerate(strategies)])
     return SuiteSpec(name=name, scenarios=tuple(scenarios), strategies=tuple(strategies),
                      seeds=tuple(seeds), description=str(data.get("description", "")), source=source)
 

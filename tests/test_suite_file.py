@@ -572,6 +572,13 @@ def test_a_wrong_value_is_refused_from_the_index_without_importing_torch_avalanc
     (["split_digits"], [{"name": "naive", "args": {"model": "vit", "model_args": {"num_heads": 5}}}]),
     (["split_digits", {"name": "split_mnist", "label": "m"}],
      [{"name": "naive", "args": {"model": "vit", "model_args": {"patch_size": 8}}}]),
+    # dp: a budget's values in the budget's own words (before its declared ranges and choices), in the dp: key and
+    # as a callback; an epsilon no noise reaches at the scenario's delta
+    (["split_digits"], [{"name": "naive", "dp": {"epsilon": 0.0}}]),
+    (["split_digits"], [{"name": "naive", "dp": {"epsilon": 3.0, "delta": 1.0}}]),
+    (["split_digits"], [{"name": "naive", "callbacks": [{"name": "dp", "args": {"epsilon": 3.0, "clip": -1}}]}]),
+    (["split_digits"], [{"name": "naive", "dp": {"epsilon": 3.0, "clipping": "adaptive"}}]),
+    (["split_digits"], [{"name": "naive", "dp": {"epsilon": 0.02}}]),
     # dp: a strategy not declared private (the list of those that are), a private one failing its private_needs
     (["split_digits"], [{"name": "replay", "dp": {"epsilon": 3.0}}]),
     (["split_digits"], [{"name": "adapter_par", "preset": "cpu", "args": {"mem_size": 10}, "dp": {"epsilon": 3.0}}]),
