@@ -317,11 +317,14 @@ def test_a_strategy_record_holds_whether_it_may_train_privately_and_the_needs_it
     from clbench.protocol import NO_REHEARSAL_MEMORY, PrivateNeed, StrategyBase
 
     slots = PrivateNeed("slots", typecheck.Equals(0), "slots {value}: set slots: 0.")
+    mode = PrivateNeed("mode", typecheck.Equals("flat"), "mode {value}: set mode: flat.")
     odd = PrivateNeed("width", lambda width: width % 2 == 0, "width {value} is odd.")
-    cls = type("Private", (StrategyBase,), {"private": True, "private_needs": (NO_REHEARSAL_MEMORY, slots, odd)})
+    cls = type("Private", (StrategyBase,), {"private": True,
+                                            "private_needs": (NO_REHEARSAL_MEMORY, slots, mode, odd)})
     found = recorded.private_record(cls)
     assert found["private"] is True
-    assert [need.get("test") for need in found["private_needs"]] == [{"empty": True}, {"equals": 0}, None]
+    assert [need.get("test") for need in found["private_needs"]] == [{"empty": True}, {"equals": 0},
+                                                                      {"equals": "flat"}, None]
     assert recorded.private_record(StrategyBase) == {"private": False, "private_needs": [
         {"field": "mem_size", "refusal": NO_REHEARSAL_MEMORY.refusal, "test": {"empty": True}}]}
     assert recorded.failed_private_need(found, SimpleNamespace(mem_size=0, slots=0, width=3)) is None
@@ -329,3 +332,7 @@ def test_a_strategy_record_holds_whether_it_may_train_privately_and_the_needs_it
     assert recorded.failed_private_need(found, SimpleNamespace(mem_size=20, slots=2)) == \
         NO_REHEARSAL_MEMORY.refusal.format(value=20)
     assert recorded.failed_private_need(found, SimpleNamespace(mem_size=0, slots=2)) == "slots 2: set slots: 0."
+    assert recorded.failed_private_need(found, SimpleNamespace(slots=2)) == "slots 2: set slots: 0."   # after a skip
+    assert recorded.failed_private_need(found, SimpleNamespace(mode="flat", width=3)) is None
+    assert recorded.failed_private_need(found, SimpleNamespace(mode="auto")) == "mode auto: set mode: flat."
+    assert recorded.failed_private_need({"private": False}, SimpleNamespace(mem_size=20)) is None     # no needs

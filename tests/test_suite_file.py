@@ -884,3 +884,74 @@ def test_a_recorded_signature_skips_only_the_only_with_rules_whose_other_setting
     assert str(refused.value) == ("w.args.b is used only with d: 1 (this entry's d is 0), so it would change nothing; "
                                   "remove it or set d.")
     signature.check_used("w", {"a": 5, "b": 5, "d": 1})
+
+
+# --------------------------------------------------------------- dp on a plugin strategy, from the plugin index cache
+def _source(origin: str = "installed", imported: bool = False, dynamic: frozenset = frozenset(), **declared):
+    """A stand-in for a :class:`clbench.plugins.Source`: the strategy names its module declares (``declared``)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(origin=origin, imported=imported, dynamic=set(dynamic),
+                           declared={"strategy": dict.fromkeys(declared.get("strategies", ()), "")}
+                           if "strategies" in declared else {"scenario": {"s": ""}})
+
+
+@pytest.fixture
+def private_world(monkeypatch):
+    """Strategies already imported (``a`` private, ``b`` not, ``c`` without the attribute), the index's records of
+    shipped strategies and the plugin index cache's flags, each set by the test through the returned setter."""
+    from types import SimpleNamespace
+
+    from clbench import plugins
+    from clbench.registry import STRATEGIES
+
+    monkeypatch.setattr(STRATEGIES, "_entries", {"a": SimpleNamespace(private=True), "b": SimpleNamespace(
+        private=False), "c": SimpleNamespace()})
+    world = SimpleNamespace(sources=[], records={}, flags={})
+    monkeypatch.setattr(plugins, "sources", lambda: world.sources)
+    monkeypatch.setattr(suite_file, "record", lambda kind, name: world.records.get(name) if kind == "strategy"
+                        else None)
+    monkeypatch.setattr(suite_file, "private_flag", lambda name: world.flags.get(name))
+    return world
+
+
+def test_the_private_strategies_are_listed_without_imports_only_when_every_flag_is_known(private_world):
+    """``_private_names``: the imported strategies that declare ``private = True``, the shipped modules' from the
+    index's records and the installed plugins' from their cache; an imported module's declarations are not read
+    again, a module declaring no strategy is skipped; None (the full check lists them) as soon as one flag is not
+    known: a shipped strategy the index does not record or records without ``private``, a plugin strategy its cache
+    does not record, or a module that registers strategies under computed names."""
+    w = private_world
+    w.sources = [_source("shipped", imported=True, dynamic=frozenset({"strategy"}), strategies=["x"]),
+                 _source("shipped", strategies=["s1", "s2"]), _source(), _source(strategies=["p1", "p2"])]
+    w.records = {"s1": {"private": True}, "s2": {"private": False}}
+    w.flags = {"p1": (True, Path("c.json")), "p2": (False, Path("c.json"))}
+    assert suite_file._private_names() == ["a", "p1", "s1"]
+    for unknown in ({"records": {"s1": {"private": True}}}, {"records": {**w.records, "s2": {}}},
+                    {"flags": {"p1": w.flags["p1"]}}):
+        saved = {"records": w.records, "flags": w.flags}
+        for key, value in unknown.items():
+            setattr(w, key, value)
+        assert suite_file._private_names() is None, unknown
+        w.records, w.flags = saved["records"], saved["flags"]
+    w.sources.append(_source(dynamic=frozenset({"strategy"})))
+    assert suite_file._private_names() is None
+
+
+def test_dp_on_a_plugin_strategy_its_cache_records_as_not_private_is_refused_naming_the_cache(private_world):
+    """``_check_cached_private``: refused in the full check's words plus the cache file when the cache records the
+    strategy as not private and every other flag is known; passed when the cache records it as private, does not
+    record it, or another flag is not known (the full check decides after the imports)."""
+    w = private_world
+    w.sources = [_source(strategies=["p1", "p2"])]
+    w.flags = {"p1": (True, Path("/c/pkg.json")), "p2": (False, Path("/c/pkg.json"))}
+    with pytest.raises(ConfigError) as info:
+        suite_file._check_cached_private("s.yaml: strategies[0] (p2)", "p2")
+    assert str(info.value) == (
+        "s.yaml: strategies[0] (p2): dp: strategy 'p2' is not known to use each sample in one training call only, so "
+        "its epsilon cannot be accounted; private strategies: a, p1. (`private` read from the plugin index cache "
+        "/c/pkg.json; delete that file if it is out of date)")
+    suite_file._check_cached_private("w", "p1")
+    suite_file._check_cached_private("w", "unrecorded")
+    w.sources.append(_source(strategies=["p3"]))                            # p3's flag unknown: the full check lists
+    suite_file._check_cached_private("w", "p2")
