@@ -62,3 +62,21 @@ def test_below_the_smallest_epsilon_opacus_finds_no_noise_and_just_above_it_does
             warnings.filterwarnings("ignore", message="Optimal order")
             assert opacus.get_noise_multiplier(target_epsilon=floor + 1e-2, target_delta=delta, sample_rate=0.01,
                                                steps=steps, accountant="rdp") > 0
+
+
+@pytest.mark.parametrize("x", [0.5, 3.0, 24.9, 25.0, 25.5, 40.0])
+def test_log_erfc_is_the_log_of_a_50_digit_erfc_on_both_sides_of_the_series_switch(x):
+    """``_log_erfc`` below 25 (the library's erfc) and from 25 on (the asymptotic series to the u⁴ term, whose
+    truncation error is below 4e-13 there) against mpmath's erfc at 50 digits, to 1e-12."""
+    import mpmath
+
+    with mpmath.workdps(50):
+        expected = float(mpmath.log(mpmath.erfc(mpmath.mpf(x))))
+    assert rdp._log_erfc(x) == pytest.approx(expected, rel=0, abs=1e-12)
+
+
+def test_log_add_of_minus_infinity_is_the_other_term():
+    """``log(e^a + e^b)`` with ``e^a = 0``: ``b``, also when both are 0 (no NaN from ``-inf - -inf``)."""
+    assert rdp._log_add(-math.inf, 2.0) == 2.0 and rdp._log_add(2.0, -math.inf) == 2.0
+    assert rdp._log_add(-math.inf, -math.inf) == -math.inf
+    assert rdp._log_add(0.0, 0.0) == pytest.approx(math.log(2), rel=0, abs=1e-15)
