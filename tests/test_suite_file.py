@@ -579,6 +579,9 @@ def test_a_wrong_value_is_refused_from_the_index_without_importing_torch_avalanc
     (["split_digits"], [{"name": "naive", "callbacks": [{"name": "dp", "args": {"epsilon": 3.0, "clip": -1}}]}]),
     (["split_digits"], [{"name": "naive", "dp": {"epsilon": 3.0, "clipping": "adaptive"}}]),
     (["split_digits"], [{"name": "naive", "dp": {"epsilon": 0.02}}]),
+    (["split_digits"], [{"name": "naive", "dp": {"epsilon": 3.0, "clipp": 1.0}}]),
+    # another callback's argument out of its declared range
+    (["split_digits"], [{"name": "naive", "callbacks": [{"name": "hook_trace", "args": {"batches": 0}}]}]),
     # dp: a strategy not declared private (the list of those that are), a private one failing its private_needs
     (["split_digits"], [{"name": "replay", "dp": {"epsilon": 3.0}}]),
     (["split_digits"], [{"name": "adapter_par", "preset": "cpu", "args": {"mem_size": 10}, "dp": {"epsilon": 3.0}}]),
