@@ -209,17 +209,17 @@ def _check_one_dp(where: str, count: int) -> None:
 
 
 def _check_dp(where: str, strategy: str, callbacks: tuple[dict, ...], config: Any = None) -> None:
-    """Every ``dp`` callback of an entry (from its ``dp:`` key or its ``callbacks:`` list): a strategy that may train
-    privately, a budget that can be used (:class:`clbench.privacy.config.DPConfig`), opacus installed (its
-    accountant computes the noise) and the entry's resolved ``config`` meeting the strategy's declared
-    ``private_needs`` (:meth:`clbench.protocol.StrategyBase.check_private`: no rehearsal memory, by default)."""
+    """The ``dp`` callback of an entry (from its ``dp:`` key or its ``callbacks:`` list; :func:`_check_budgets` has
+    refused two): a strategy that may train privately, a budget that can be used
+    (:class:`clbench.privacy.config.DPConfig`), opacus installed (its accountant computes the noise) and the entry's
+    resolved ``config`` meeting the strategy's declared ``private_needs``
+    (:meth:`clbench.protocol.StrategyBase.check_private`: no rehearsal memory, by default)."""
     entries = [c for c in callbacks if c["name"] == "dp"]
     if not entries:
         return
     from clbench.privacy.accountant import PrivacyBudgetError
     from clbench.privacy.step import PrivateTraining, check_private_strategy
 
-    _check_one_dp(where, len(entries))
     try:
         check_private_strategy(strategy)
         PrivateTraining(**entries[0]["args"])            # builds the DPConfig, which checks the budget
