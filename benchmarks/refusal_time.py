@@ -44,36 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clbench.files import locked_folder  # noqa: E402
-from tests._plugin_dist import installed_package  # noqa: E402
+from tests._plugin_dist import STRATEGY_MODULE, installed_package  # noqa: E402
 from tests.test_preflight import command_line_cases, dataset_case  # noqa: E402
 from tests.test_suite_file import MALFORMED, VALUES  # noqa: E402 - the test's files, one list
-
-PLUGIN = """from dataclasses import dataclass
-
-from clbench.protocol import StrategyBase
-from clbench.registry import STRATEGIES
-
-
-@dataclass
-class BenchConfig:
-    lr: float = 0.1
-
-
-@STRATEGIES.register("bench_plugin_strategy")
-class BenchPlugin(StrategyBase):
-    \"\"\"A strategy of an installed package (imported once, to write the package's plugin index cache).\"\"\"
-
-    Config = BenchConfig
-
-    def train(self, experience):
-        pass
-
-    def predict(self, x, task_labels):
-        pass
-
-    def num_parameters(self):
-        return 0
-"""
 
 
 def refusal(argv: list[str], env: dict[str, str], fsize: int = 0) -> tuple[float, str]:
@@ -104,7 +77,7 @@ def main() -> None:
           "|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        site = installed_package(folder / "site", "bench-plugin", "bench_plugin_methods", PLUGIN)
+        site = installed_package(folder / "site", "bench-plugin", "bench_plugin_methods", STRATEGY_MODULE)
         plugin = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]),
                   "CLBENCH_CACHE": str(folder / "cache")}
         kinds = {}

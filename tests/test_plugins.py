@@ -19,7 +19,7 @@ from clbench import plugins, registry
 from clbench.cli import main
 from clbench.plugins import ENV, UNAVAILABLE, PluginError, import_plugin, load_plugin, scan
 from clbench.registry import MODELS, STRATEGIES, UnavailableError
-from tests._plugin_dist import installed_package
+from tests._plugin_dist import STRATEGY_MODULE, installed_package
 
 ROOT = Path(__file__).parents[1]
 
@@ -374,42 +374,6 @@ def test_an_installed_plugin_that_registers_only_strategies_leaves_the_choices_c
             suite_file._check_recorded_values("s.yaml", [{"name": "split_digits"}], sgdd)
 
 
-PRIVATE_MODULE = """
-from dataclasses import dataclass
-
-from clbench.protocol import StrategyBase
-from clbench.registry import STRATEGIES
-
-
-@dataclass
-class PlainConfig:
-    lr: float = 0.1
-
-
-@STRATEGIES.register("test_cached_plain")
-class Plain(StrategyBase):
-    \"\"\"Not private (StrategyBase's default).\"\"\"
-
-    Config = PlainConfig
-
-    def train(self, experience):
-        pass
-
-    def predict(self, x, task_labels):
-        pass
-
-    def num_parameters(self):
-        pass
-
-
-@STRATEGIES.register("test_cached_private")
-class Private(Plain):
-    \"\"\"Private.\"\"\"
-
-    private = True
-"""
-
-
 def test_dp_on_an_installed_plugins_strategy_that_is_not_private_is_refused_from_its_cache_without_importing_it(
         tmp_path):
     """`dp:` on a plugin package's strategy that cannot train privately took the full import (~20 s) to refuse: the
@@ -417,7 +381,7 @@ def test_dp_on_an_installed_plugins_strategy_that_is_not_private_is_refused_from
     into its plugin index cache, and a later load refuses from there, naming the cache file, the module unimported;
     a private strategy of the package passes, and a dependency that changed since leaves the refusal to the full
     check."""
-    site = installed_package(tmp_path / "site", "test-private-pkg", "test_private_methods", PRIVATE_MODULE)
+    site = installed_package(tmp_path / "site", "test-private-pkg", "test_private_methods", STRATEGY_MODULE)
     env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "CLBENCH_CACHE": str(tmp_path / "cache")}
     first = _python("""
         from clbench import plugins
