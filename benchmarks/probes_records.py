@@ -517,8 +517,8 @@ def probe_refusals(w: Path) -> None:
     }
     if shutil.which("nvidia-smi") is not None:
         del cases["--device cuda without CUDA"]
-    first = cases["dp with a replay memory"]       # the package's first load imports it to write its index cache
-    refusal("refusal with a plugin installed, its first load (writes the plugin index cache): dp with a replay "
+    first = cases["dp with a replay memory"]       # the first start with the package: nothing cached
+    refusal("refusal with a plugin installed, its first start (nothing cached): dp with a replay "
             "memory", clbench(first[0], env={**env, **first[1]}), first[2])
     for what, (argv, more, expect) in cases.items():
         refusal(f"refusal with a plugin installed, {what}", clbench(argv, env={**env, **more}), expect)

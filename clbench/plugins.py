@@ -15,12 +15,12 @@ modules from the committed index ``plugin_index.json`` (:func:`build_index`, ``m
 while its file's sha256 matches), for installed packages from the index cached per distribution and version
 (:func:`cache_file`: ``<user cache>/clbench/plugin_index/<distribution>-<version>.json``, written the first time
 one of its modules is imported, with what it registered; an entry counts only while the module's sha256 matches, and
-another version is another file; it also holds whether each of the module's strategies may train with ``dp``:
-:func:`private_flag`), otherwise from the module's syntax tree (:func:`scan`: literal
-``X.register("name")`` calls; a module that registers a computed name is imported when the full list of names is
-needed). ``get(name)`` imports the one module that declares ``name``; ``clbench --help`` and ``clbench list``
-import none of the shipped ones, nor an installed package's once its index is cached. The committed index also
-records each shipped strategy's Config declarations and each scenario's sizes (:mod:`clbench.recorded`,
+another version is another file; it also holds whether each of the module's strategies may train with ``dp``,
+which :func:`private_flag` otherwise reads from the module's code), otherwise from the module's syntax tree
+(:func:`scan`: literal ``X.register("name")`` calls; a module that registers a computed name is imported when the
+full list of names is needed). ``get(name)`` imports the one module that declares ``name``; ``clbench --help`` and
+``clbench list`` import none of the shipped ones, nor an installed package's once its index is cached. The committed
+index also records each shipped strategy's Config declarations and each scenario's sizes (:mod:`clbench.recorded`,
 :func:`record`): suite loading checks values against them before importing anything.
 
 A plugin module that fails to import (a missing optional dependency, a class that breaks the contract) is skipped
@@ -407,8 +407,7 @@ def _registers_elsewhere(ep: Any, data: bytes) -> bool:
         tree = ast.parse(data)
     except SyntaxError:
         return True
-    aliases = set(VARIABLES) | {a.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                                for a in node.names if a.name in VARIABLES and a.asname}
+    aliases = set(_registry_aliases(tree))
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register":
             receiver = node.func.value
@@ -465,18 +464,68 @@ def _cached_private(known: dict) -> dict[str, dict] | None:
     return flags
 
 
-def private_flag(name: str) -> tuple[bool, Path] | None:
+def private_flag(name: str) -> tuple[bool, str] | None:
     """Whether the strategy ``name`` of an installed plugin module not imported yet declares ``private = True``, and
-    the cache file this is read from; None when no trusted cache entry records it, or a module its flag comes from
-    (the class's or a base class's, :func:`_save_cache`) has changed since (the full check decides, after the
-    import)."""
+    where this was read: the package's plugin index cache (a trusted entry whose modules the flag comes from, the
+    class's or a base class's, are unchanged: :func:`_save_cache`), else the module's code (:func:`_code_private`);
+    None when neither settles it (the full check decides, after the import)."""
     for source in sources():
-        if source.imported or source.private is None or name not in source.private:
+        if source.imported or source.origin == "shipped" or name not in source.declared.get("strategy", {}):
             continue
-        flag = source.private[name]
-        if all(_module_sha256(module) == sha for module, sha in flag["depends"].items()):
-            return flag["private"], source.cache
+        flag = (source.private or {}).get(name)
+        if flag is not None and all(_module_sha256(module) == sha for module, sha in flag["depends"].items()):
+            return flag["private"], f"the plugin index cache {source.cache}; delete that file if it is out of date"
+        found = _code_private(source, name)
+        return None if found is None else (found, f"the code of {source.path}")
     return None
+
+
+def _code_private(source: Source, name: str) -> bool | None:
+    """Whether the class that ``source``'s code registers as strategy ``name`` (``@STRATEGIES.register(name)`` on a
+    class statement of the module) sets ``private = True``, read from the code of the module and of its bases
+    (:func:`clbench.class_literal.class_literal`: files of the module's own package and shipped ones, not imported);
+    None when the code does not settle it: a package's first refusal of ``dp:`` on a strategy that cannot train
+    privately needs no import."""
+    from clbench.class_literal import UNSET, class_literal
+
+    if source.path is None:
+        return None
+    try:
+        tree = ast.parse(source.path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    aliases = _registry_aliases(tree)
+
+    def registers(decorator: ast.expr, kind: str | None = None, wanted: str | None = None) -> bool:
+        if not (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)
+                and decorator.func.attr == "register" and len(decorator.args) == 1
+                and isinstance(decorator.args[0], ast.Constant)):
+            return False
+        receiver = decorator.func.value
+        variable = aliases.get(receiver.id if isinstance(receiver, ast.Name) else
+                               receiver.attr if isinstance(receiver, ast.Attribute) else "")
+        return variable is not None and kind in (None, VARIABLES[variable]) and wanted in (None,
+                                                                                            decorator.args[0].value)
+
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)
+               and any(registers(d, "strategy", name) for d in node.decorator_list)]
+    if len(classes) != 1:
+        return None
+    value = class_literal(functools.partial(_module_path, source), source.module, classes[0], "private", registers)
+    return None if value is None or value is UNSET else bool(value)
+
+
+def _module_path(near: Source, module: str) -> Path | None:
+    """The file of ``module`` when it is shipped, an installed plugin module, or in the package of the installed
+    plugin module ``near`` (found beside its file, not imported); else None."""
+    shipped = dict(shipped_modules())
+    installed = {s.module: s.path for s in sources() if s.origin != "shipped" and s.path is not None}
+    if module in shipped or module in installed:
+        return shipped.get(module) or installed[module]
+    if near.path is None or module.split(".")[0] != near.module.split(".")[0]:
+        return None
+    root = near.path.parents[near.module.count(".")].joinpath(*module.split("."))
+    return next((p for p in (root.with_suffix(".py"), root / "__init__.py") if p.is_file()), None)
 
 
 def _module_sha256(module: str) -> str | None:
@@ -551,11 +600,7 @@ def scan(source: bytes) -> tuple[dict[str, dict[str, str]], set[str]]:
         tree = ast.parse(source)
     except SyntaxError:
         return {}, set(KINDS)       # importing it reports the error
-    names = {variable: variable for variable in VARIABLES}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            names.update({alias.asname: alias.name for alias in node.names
-                          if alias.name in VARIABLES and alias.asname})
+    names = _registry_aliases(tree)
     summaries = {}          # register call -> one line readable without importing
     with_presets = {}       # the same for a strategy: the line and its presets, where both are written
     for node in ast.walk(tree):
@@ -586,6 +631,17 @@ def scan(source: bytes) -> tuple[dict[str, dict[str, str]], set[str]]:
         else:
             dynamic.add(kind)
     return declared, dynamic
+
+
+def _registry_aliases(tree: ast.Module) -> dict[str, str]:
+    """The names a module reaches the plugin registries by -> their variable (:data:`VARIABLES`): the variables
+    themselves and ``from ... import STRATEGIES as S``."""
+    names = {variable: variable for variable in VARIABLES}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.update({alias.asname: alias.name for alias in node.names
+                          if alias.name in VARIABLES and alias.asname})
+    return names
 
 
 def strategy_summary(first_line: str, presets: Iterable[str]) -> str:

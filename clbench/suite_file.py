@@ -402,23 +402,23 @@ def _check_recorded_private(where: str, strategy: str, found: dict, config: Any)
 
 def _check_cached_private(where: str, strategy: str) -> None:
     """A ``dp`` entry's strategy of an installed plugin package not imported yet, refused in the full check's words
-    when the package's plugin index cache (:func:`clbench.plugins.private_flag`) records that its class does not
-    declare ``private = True`` and every strategy's flag is known without importing; the refusal names the file."""
+    when its ``private`` flag, read from the package's plugin index cache or from its code
+    (:func:`clbench.plugins.private_flag`), is False and every strategy's flag is known without importing; the
+    refusal names the file it was read from."""
     from clbench.privacy.config import not_private
 
     flag = private_flag(strategy)
     names = _private_names() if flag is not None and not flag[0] else None
     if names is not None:
-        raise ConfigError(f"{where}: {not_private(strategy, names)} (`private` read from the plugin index cache "
-                          f"{flag[1]}; delete that file if it is out of date)")
+        raise ConfigError(f"{where}: {not_private(strategy, names)} (`private` read from {flag[1]})")
 
 
 def _private_names() -> list[str] | None:
     """The strategies that declare ``private = True``, as :func:`clbench.privacy.step.check_private_strategy` lists
     them after importing every plugin module: read from the classes already imported and from the index's records
     of the others; None when one is not known so (a plugin module not imported yet, a strategy the index does not
-    record, an installed plugin's strategy its cache does not record: :func:`clbench.plugins.private_flag`), the
-    full check then lists them."""
+    record, an installed plugin's strategy that neither its cache nor its code settles:
+    :func:`clbench.plugins.private_flag`), the full check then lists them."""
     from clbench.plugins import sources
 
     private = {name for name, cls in STRATEGIES._entries.items() if getattr(cls, "private", False)}

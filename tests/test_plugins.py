@@ -374,26 +374,15 @@ def test_an_installed_plugin_that_registers_only_strategies_leaves_the_choices_c
             suite_file._check_recorded_values("s.yaml", [{"name": "split_digits"}], sgdd)
 
 
-def test_dp_on_an_installed_plugins_strategy_that_is_not_private_is_refused_from_its_cache_without_importing_it(
-        tmp_path):
-    """`dp:` on a plugin package's strategy that cannot train privately took the full import (~20 s) to refuse: the
-    first import of the package writes each strategy's `private` flag (and the module it comes from, with its sha256)
-    into its plugin index cache, and a later load refuses from there, naming the cache file, the module unimported;
-    a private strategy of the package passes, and a dependency that changed since leaves the refusal to the full
-    check."""
+def test_dp_on_an_installed_plugins_strategy_that_is_not_private_is_refused_without_importing_it(tmp_path):
+    """`dp:` on a plugin package's strategy that cannot train privately took the full import (~12-20 s) to refuse,
+    on the package's first load and, for a module failing the strategy contract, on every load. The flag is read
+    from the module's code (the registered class and its bases, StrategyBase's default in clbench.protocol) before
+    any cache exists, and from the plugin index cache that the first import writes (with the modules it comes from
+    and their sha256) after; each refusal names the file it read, the module unimported. A private strategy of the
+    package passes, and a cache whose dependency changed since is not read: the code is."""
     site = installed_package(tmp_path / "site", "test-private-pkg", "test_private_methods", STRATEGY_MODULE)
     env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "CLBENCH_CACHE": str(tmp_path / "cache")}
-    first = _python("""
-        from clbench import plugins
-        plugins.load_declaring("strategy", "test_cached_plain")
-        print(plugins.cache_file("test-private-pkg", "0.1"))
-    """, env=env)
-    cache = Path(first.stdout.strip())
-    flags = json.loads(cache.read_text())["modules"]["test_private_methods"]["private"]
-    assert {name: flag["private"] for name, flag in flags.items()} == {"test_cached_plain": False,
-                                                                      "test_cached_private": True}
-    assert list(flags["test_cached_plain"]["depends"]) == ["clbench.protocol"]     # StrategyBase sets it
-    assert list(flags["test_cached_private"]["depends"]) == ["test_private_methods"]
     check = """
         import sys
         from clbench import suite_file
@@ -406,17 +395,49 @@ def test_dp_on_an_installed_plugins_strategy_that_is_not_private_is_refused_from
             print(exc)
         print("test_private_methods" in sys.modules)
     """
+    code = f"(`private` read from the code of {site / 'test_private_methods.py'})"
+    for _ in range(2):                     # no cache is written without the import: the second start reads code too
+        line, imported = _python(check % "test_cached_plain", env=env).stdout.strip().splitlines()
+        assert line.startswith("s.yaml: strategies[0] (test_cached_plain): dp: strategy 'test_cached_plain' is not "
+                               "known to use each sample in one training call only") and imported == "False"
+        assert "test_cached_private" in line.split("private strategies: ")[1] and "naive" in line
+        assert line.endswith(code) and not (tmp_path / "cache").exists()
+    assert _python(check % "test_cached_private", env=env).stdout.split() == ["passed", "False"]
+    first = _python("""
+        from clbench import plugins
+        plugins.load_declaring("strategy", "test_cached_plain")
+        print(plugins.cache_file("test-private-pkg", "0.1"))
+    """, env=env)
+    cache = Path(first.stdout.strip())
+    flags = json.loads(cache.read_text())["modules"]["test_private_methods"]["private"]
+    assert {name: flag["private"] for name, flag in flags.items()} == {"test_cached_plain": False,
+                                                                      "test_cached_private": True}
+    assert list(flags["test_cached_plain"]["depends"]) == ["clbench.protocol"]     # StrategyBase sets it
+    assert list(flags["test_cached_private"]["depends"]) == ["test_private_methods"]
     line, imported = _python(check % "test_cached_plain", env=env).stdout.strip().splitlines()
-    assert line.startswith("s.yaml: strategies[0] (test_cached_plain): dp: strategy 'test_cached_plain' is not known "
-                           "to use each sample in one training call only") and imported == "False"
-    assert "test_cached_private" in line.split("private strategies: ")[1] and "naive" in line
     assert line.endswith(f"(`private` read from the plugin index cache {cache}; delete that file if it is out of "
-                         "date)")
+                         "date)") and imported == "False"
     assert _python(check % "test_cached_private", env=env).stdout.split() == ["passed", "False"]
     data = json.loads(cache.read_text())
     data["modules"]["test_private_methods"]["private"]["test_cached_plain"]["depends"]["clbench.protocol"] = "0" * 64
     cache.write_text(json.dumps(data))
-    assert _python(check % "test_cached_plain", env=env).stdout.split() == ["passed", "False"]
+    line, imported = _python(check % "test_cached_plain", env=env).stdout.strip().splitlines()
+    assert line.endswith(code) and imported == "False"
+
+
+def test_a_flag_the_code_does_not_settle_is_left_to_the_full_check(tmp_path):
+    """A strategy whose ``private`` only its import can tell (set by a decorator here) is not refused from the
+    code: the full check imports the module and decides; the code's answer is never a guess."""
+    decorated = STRATEGY_MODULE.replace('@STRATEGIES.register("test_cached_plain")',
+                                        'def mark(cls):\n    cls.private = True\n    return cls\n\n\n'
+                                        '@STRATEGIES.register("test_cached_plain")\n@mark')
+    site = installed_package(tmp_path / "site", "test-private-pkg", "test_private_methods", decorated)
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "CLBENCH_CACHE": str(tmp_path / "cache")}
+    found = _python("""
+        from clbench import plugins
+        print(plugins.private_flag("test_cached_plain"), plugins.private_flag("test_cached_private"))
+    """, env=env)
+    assert found.stdout.split() == ["None", "None"], found.stderr      # the module sets `private` outside a body
 
 
 @pytest.mark.parametrize("flags", [

@@ -928,7 +928,7 @@ def test_the_private_strategies_are_listed_without_imports_only_when_every_flag_
     w.sources = [_source("shipped", imported=True, dynamic=frozenset({"strategy"}), strategies=["x"]),
                  _source("shipped", strategies=["s1", "s2"]), _source(), _source(strategies=["p1", "p2"])]
     w.records = {"s1": {"private": True}, "s2": {"private": False}}
-    w.flags = {"p1": (True, Path("c.json")), "p2": (False, Path("c.json"))}
+    w.flags = {"p1": (True, "c.json"), "p2": (False, "c.json")}
     assert suite_file._private_names() == ["a", "p1", "s1"]
     for unknown in ({"records": {"s1": {"private": True}}}, {"records": {**w.records, "s2": {}}},
                     {"flags": {"p1": w.flags["p1"]}}):
@@ -941,19 +941,18 @@ def test_the_private_strategies_are_listed_without_imports_only_when_every_flag_
     assert suite_file._private_names() is None
 
 
-def test_dp_on_a_plugin_strategy_its_cache_records_as_not_private_is_refused_naming_the_cache(private_world):
-    """``_check_cached_private``: refused in the full check's words plus the cache file when the cache records the
-    strategy as not private and every other flag is known; passed when the cache records it as private, does not
-    record it, or another flag is not known (the full check decides after the imports)."""
+def test_dp_on_a_plugin_strategy_whose_flag_says_not_private_is_refused_naming_the_file(private_world):
+    """``_check_cached_private``: refused in the full check's words plus the file the flag was read from when the
+    plugin's flag (from its cache or code) says not private and every other flag is known; passed when it says
+    private, is not known, or another flag is not known (the full check decides after the imports)."""
     w = private_world
     w.sources = [_source(strategies=["p1", "p2"])]
-    w.flags = {"p1": (True, Path("/c/pkg.json")), "p2": (False, Path("/c/pkg.json"))}
+    w.flags = {"p1": (True, "the code of /p/pkg.py"), "p2": (False, "the code of /p/pkg.py")}
     with pytest.raises(ConfigError) as info:
         suite_file._check_cached_private("s.yaml: strategies[0] (p2)", "p2")
     assert str(info.value) == (
         "s.yaml: strategies[0] (p2): dp: strategy 'p2' is not known to use each sample in one training call only, so "
-        "its epsilon cannot be accounted; private strategies: a, p1. (`private` read from the plugin index cache "
-        "/c/pkg.json; delete that file if it is out of date)")
+        "its epsilon cannot be accounted; private strategies: a, p1. (`private` read from the code of /p/pkg.py)")
     suite_file._check_cached_private("w", "p1")
     suite_file._check_cached_private("w", "unrecorded")
     w.sources.append(_source(strategies=["p3"]))                            # p3's flag unknown: the full check lists
