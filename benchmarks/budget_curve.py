@@ -1,5 +1,5 @@
-"""Validation score against training epochs for rows of a suite, to choose their budget on held-out training data
-(issue 33): the test data are not read.
+"""Validation score against training epochs for rows of a suite, to choose their budget on held-out training data:
+the test data are not read.
 
     CLBENCH_DATA=<root> python benchmarks/budget_curve.py SUITE SCENARIO STRATEGY [STRATEGY ...] \\
         [--epochs 30] [--steps 1] [--seed 0] [--valid-fraction 0.1] [--at 5,10,20,30] [--threads 1]
@@ -52,6 +52,7 @@ from clbench.callbacks import Callback, CallbackContext, CallbackSpec
 from clbench.environment import resolve_device
 from clbench.errors import ConfigError
 from clbench.metrics import MetricSpec
+from clbench.registry import CALLBACKS
 from clbench.runner import build_scenario, build_strategy, seed_everything
 from clbench.specs import RunSpec
 
@@ -152,9 +153,11 @@ def tolerance_for(metric: MetricSpec, given: float | None) -> float:
 
 def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: float | None = None) -> Curve:
     """Train ``spec``'s first ``steps`` steps as the runner does, scoring after every epoch (``every_epoch``) or at
-    the end of every step. ``tolerance`` None is refused, before training, for a metric not in percent (it has no
-    default: a point of NDCG@10 is not a point of accuracy). Every epoch of a private row whose noise is calibrated
-    from epsilon is refused (its epoch e is not the e-epoch run at that epsilon: use ``--at``)."""
+    the end of every step; the entry's observer callbacks (``model_snapshot``, loggers: they change neither the
+    training nor the scores, and a curve has no output folder) are left out. ``tolerance`` None is refused, before
+    training, for a metric not in percent (it has no default: a point of NDCG@10 is not a point of accuracy). Every
+    epoch of a private row whose noise is calibrated from epsilon is refused (its epoch e is not the e-epoch run at
+    that epsilon: use ``--at``)."""
     if every_epoch and any(c["name"] == "dp" and "epsilon" in c.get("args", {}) for c in spec.strategy.callbacks):
         raise ConfigError(f"{spec.strategy.key} calibrates its noise from epsilon over all its epochs: epoch e of one "
                           f"run is not the e-epoch run at that epsilon. Curve it with --at (one run per budget).")
@@ -168,7 +171,8 @@ def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: floa
     curve = Curve(spec, scenario, strategy, device)
     tolerance_for(curve.metric, tolerance)
     callbacks = strategy.callbacks
-    callbacks.attach([CallbackSpec(**c) for c in spec.strategy.callbacks],
+    trained_with = [c for c in spec.strategy.callbacks if not getattr(CALLBACKS.get(c["name"]), "observer", False)]
+    callbacks.attach([CallbackSpec(**c) for c in trained_with],
                      CallbackContext(run_id=spec.run_id, modules=strategy.modules,
                                      n_train=sum(len(e.dataset) for e in scenario.train_stream)))
     if every_epoch:
