@@ -22,6 +22,9 @@ samples of each step scored), in the leaderboard's units (percent for accuracy),
   noise is calibrated from epsilon over the ``E`` epochs is refused here (use ``--at``).
 - ``--at 5,10,20,30``: one training per budget, each scored at the end of every step, as a run is: exact for every
   strategy, at the cost of the sum of the budgets.
+- ``--trajectory`` (with ``--epochs E``): every epoch of one ``E``-epoch run scored, also for the rows whose noise
+  or schedule depends on ``E``: the run's course (stability, Ding et al.'s Figure 4), its last point the ``E``-epoch
+  budget; the JSON lines say ``"trajectory": true`` and the table reads no flattening from it.
 
 At the end: a markdown table of the curve (one row per epoch, one column per row and step: just trained / seen) and,
 per row and step, the epoch where the curve flattens. Rule: the first epoch ``e`` after which the just-trained
@@ -90,6 +93,7 @@ class Curve:
     strategy: object
     device: torch.device
     points: dict[int, list[tuple[int, float, float]]] = field(default_factory=dict)
+    trajectory: bool = False    # the points are one run's epochs whose schedule or noise depends on E, not budgets
 
     @property
     def metric(self) -> MetricSpec:
@@ -116,7 +120,7 @@ class Curve:
         print(json.dumps({"event": "epoch", "scenario": self.spec.scenario.key, "row": self.spec.strategy.key,
                           "seed": self.spec.seed, "step": step, "epoch": epoch, "metric": metric.name,
                           "holdout": "valid", "just_trained": round(just, digits), "seen": round(seen, digits),
-                          "sizes": sizes, "train_s": round(train_s, 2),
+                          "sizes": sizes, "trajectory": self.trajectory, "train_s": round(train_s, 2),
                           "eval_s": round(time.perf_counter() - start, 2)}), flush=True)
 
 
@@ -151,14 +155,17 @@ def tolerance_for(metric: MetricSpec, given: float | None) -> float:
     return 1.0
 
 
-def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: float | None = None) -> Curve:
+def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: float | None = None,
+            trajectory: bool = False) -> Curve:
     """Train ``spec``'s first ``steps`` steps as the runner does, scoring after every epoch (``every_epoch``) or at
     the end of every step; the entry's observer callbacks (``model_snapshot``, loggers: they change neither the
     training nor the scores, and a curve has no output folder) are left out. ``tolerance`` None is refused, before
     training, for a metric not in percent (it has no default: a point of NDCG@10 is not a point of accuracy). Every
     epoch of a private row whose noise is calibrated from epsilon is refused (its epoch e is not the e-epoch run at
-    that epsilon: use ``--at``)."""
-    if every_epoch and any(c["name"] == "dp" and "epsilon" in c.get("args", {}) for c in spec.strategy.callbacks):
+    that epsilon: use ``--at``), unless ``trajectory``: the points are then read as one run's course (Ding et al.'s
+    Figure 4 plots one such run every five epochs), never as budgets."""
+    calibrated = any(c["name"] == "dp" and "epsilon" in c.get("args", {}) for c in spec.strategy.callbacks)
+    if every_epoch and calibrated and not trajectory:
         raise ConfigError(f"{spec.strategy.key} calibrates its noise from epsilon over all its epochs: epoch e of one "
                           f"run is not the e-epoch run at that epsilon. Curve it with --at (one run per budget).")
     device = resolve_device(spec.device)
@@ -168,7 +175,7 @@ def run_row(spec: RunSpec, steps: int | None, every_epoch: bool, tolerance: floa
     strategy = build_strategy(spec, scenario.info, device)
     if strategy.offline:
         raise ConfigError(f"{spec.strategy.key} trains once on the whole stream (offline): it has no steps to curve.")
-    curve = Curve(spec, scenario, strategy, device)
+    curve = Curve(spec, scenario, strategy, device, trajectory=trajectory)
     tolerance_for(curve.metric, tolerance)
     callbacks = strategy.callbacks
     trained_with = [c for c in spec.strategy.callbacks if not getattr(CALLBACKS.get(c["name"]), "observer", False)]
@@ -214,6 +221,10 @@ def table(curves: Sequence[Curve], tolerance: float, tail: float) -> str:
         lines.append(f"| {epoch} | " + " | ".join(cells) + " |")
     lines.append("")
     for c, step in columns:
+        if c.trajectory:
+            lines.append(f"- {c.spec.strategy.key}, step {step}: the course of one {c.points[step][-1][0]}-epoch run "
+                         f"(--trajectory): its epochs are not budgets; flattening not read")
+            continue
         flat = flattening_epoch(c.points[step], tolerance, tail)
         lines.append(f"- {c.spec.strategy.key}, step {step}: " + (
             f"flattens at epoch {flat}" if flat is not None else
@@ -259,17 +270,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "percent; required for others, e.g. 0.001 for NDCG@10)")
     parser.add_argument("--tail", type=float, default=0.2, help="flattening: fraction of E that must follow")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the suites' runs)")
+    parser.add_argument("--trajectory", action="store_true",
+                        help="with --epochs: score every epoch of one run even where its noise or learning rate "
+                             "depends on the epochs (private rows, decaying schedules): the run's course, not budgets")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     budgets = args.at or [args.epochs]
     if args.steps is not None and args.steps < 1 or min(budgets) < 1:
         parser.error("--steps, --epochs and every --at budget must be at least 1")
+    if args.trajectory and args.at:
+        parser.error("--trajectory scores every epoch of one --epochs run; --at trains one run per budget")
     try:
         curves: dict[str, Curve] = {}
         for budget in budgets:
             for spec in row_specs(args.suite, args.scenario, args.strategies, budget, args.seed,
                                   args.valid_fraction):
-                curve = run_row(spec, args.steps, every_epoch=not args.at, tolerance=args.tolerance)
+                curve = run_row(spec, args.steps, every_epoch=not args.at, tolerance=args.tolerance,
+                                trajectory=args.trajectory)
                 merged = curves.setdefault(spec.strategy.key, curve)
                 for step, points in curve.points.items() if merged is not curve else ():
                     merged.points[step] += points

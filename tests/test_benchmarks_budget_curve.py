@@ -48,7 +48,7 @@ def test_every_epoch_of_every_step_is_scored_on_the_validation_data(tmp_path, ca
     assert [(r["row"], r["step"], r["epoch"]) for r in lines] == [
         (row, step, epoch) for row in ("naive", "replay") for step in (0, 1) for epoch in (1, 2)]
     assert {k for r in lines for k in r} == {"event", "scenario", "row", "seed", "step", "epoch", "metric", "holdout",
-                                             "just_trained", "seen", "sizes", "train_s", "eval_s"}
+                                             "trajectory", "just_trained", "seen", "sizes", "train_s", "eval_s"}
     valid = [len(e.dataset) for e in SCENARIOS.get("split_digits")(holdout="valid").test_stream]
     test = [len(e.dataset) for e in SCENARIOS.get("split_digits")().test_stream]
     assert valid != test
@@ -145,6 +145,26 @@ def test_a_private_row_calibrated_from_epsilon_is_refused_every_epoch_and_taken_
     assert budget_curve.main([*argv, "--at", "1,2"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [r["epoch"] for r in lines] == [1, 2]
+
+
+def test_a_private_rows_trajectory_is_every_epoch_of_one_run_whose_last_point_is_that_budget(tmp_path, capsys,
+                                                                                               budget_curve):
+    """--trajectory scores every epoch of the one E-epoch run of a row calibrated from epsilon (its course, as Ding
+    et al.'s Figure 4 plots it), says so in every line and reads no flattening from it; its last point is the
+    E-epoch budget that --at E trains (the scoring leaves the run as it would be)."""
+    private = SEQREC_SUITE.replace("dropout: 0.0}}", "dropout: 0.0}, dp: {epsilon: 8.0, clip: 1.0}}")
+    (tmp_path / "s.yaml").write_text(private)
+    argv = [str(tmp_path / "s.yaml"), "cycles", "seqrec", "--tolerance", "0.001"]
+    assert budget_curve.main([*argv, "--epochs", "3", "--trajectory"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    lines = [json.loads(line) for line in out if line.startswith("{")]
+    assert [(r["epoch"], r["trajectory"]) for r in lines] == [(1, True), (2, True), (3, True)]
+    assert "- seqrec, step 0: the course of one 3-epoch run (--trajectory): its epochs are not budgets" in out[-1]
+    assert budget_curve.main([*argv, "--at", "3"]) == 0
+    (budget,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert budget["trajectory"] is False and budget["just_trained"] == lines[-1]["just_trained"]
+    with pytest.raises(SystemExit):
+        budget_curve.main([*argv, "--at", "3", "--trajectory"])
 
 
 def test_a_row_whose_training_never_fires_the_epoch_hook_is_refused_not_dropped(tmp_path, capsys, budget_curve):
