@@ -5,8 +5,9 @@ ends the output:
 
 - ``held``: refused in one line that says what to do (before the heavy imports where it can: no torch imported, at
   most 1 s), or handled correctly (the record kept aside, the edited value never shown, the worker gone);
-- ``late``: refused, but only after importing torch (or after more than 1 s: the machine's load is printed at the
-  top, and so is ``[torch imported]`` when it was);
+- ``late``: refused, but only after importing torch (or after more than 1 s of the command's CPU time, user +
+  system: on a loaded machine its wall time also counts the waits for a core, so both are printed, with the load at
+  the top, and ``[torch imported]`` when it was);
 - ``silent``: accepted and wrong (an edited record shown as a result, an unescaped label, a worker left training);
 - ``lost``: a finished record or a file outside the results folder destroyed;
 - ``traceback``: a Python traceback instead of a line.
@@ -36,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import signal
 import struct
@@ -66,6 +68,7 @@ class Done:
     err: str
     seconds: float
     heavy: list[str]
+    cpu: float = 0.0        # the command's user + system CPU seconds (the process and what it waited for)
 
     @property
     def text(self) -> str:
@@ -85,10 +88,10 @@ def clbench(argv: list[str], env: dict | None = None, timeout: float = 300, scri
     """``python -m clbench ARGV`` (or ``python run_bench.py ARGV``) in a fresh process, timed from before its start
     to its exit; the heavy modules it imported (``-X importtime``) are kept apart from its output."""
     command = [sys.executable, "-X", "importtime", *script.split(), *argv]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
                           env={**os.environ, "CLBENCH_JOBS": "1", **(env or {})})
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, _children_cpu() - cpu
     err, heavy = [], []
     for line in done.stderr.splitlines():
         if line.startswith("import time:"):
@@ -97,7 +100,13 @@ def clbench(argv: list[str], env: dict | None = None, timeout: float = 300, scri
                 heavy.append(name)
         else:
             err.append(line)
-    return Done(done.returncode, done.stdout, "\n".join(err), seconds, heavy)
+    return Done(done.returncode, done.stdout, "\n".join(err), seconds, heavy, cpu)
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def python(code: str) -> Done:
@@ -115,19 +124,19 @@ def report(name: str, kind: str, seconds: float, line: str) -> None:
 
 
 def refusal(name: str, done: Done, expect: str = "", limit: float = LIMIT_S) -> None:
-    """A command that must be refused in one line (exit 2) holding ``expect``, within ``limit`` seconds and without
-    the heavy imports."""
+    """A command that must be refused in one line (exit 2) holding ``expect``, within ``limit`` CPU seconds and
+    without the heavy imports."""
     line = done.last()
     if "Traceback" in done.text:
         kind = "traceback"
     elif done.rc == 0 or (expect and expect not in done.text):
         kind = "silent"
-    elif done.heavy or done.seconds > limit:
+    elif done.heavy or done.cpu > limit:
         kind = "late"
         line += " [torch imported]" if "torch" in done.heavy else ""
     else:
         kind = "held"
-    report(name, kind, done.seconds, line)
+    report(name, kind, done.seconds, f"[cpu {done.cpu:.2f}s] {line}")
 
 
 # --- fixtures ------------------------------------------------------------------------------------------------------
