@@ -37,7 +37,7 @@ def class_literal(locate: Callable[[str], Path | None], module: str, class_name:
             if locate(package := module.rsplit(".", i)[0]) is not None:
                 reader.tree(package)
         return reader.value(module, class_name, 0)
-    except (Unknown, OSError, SyntaxError, ValueError, RecursionError):
+    except (Unknown, OSError, SyntaxError, ValueError):
         return None
 
 
@@ -48,13 +48,15 @@ class _Reader:
         self.trees: dict[str, ast.Module] = {}
 
     def tree(self, module: str) -> ast.Module:
+        """``module``'s syntax tree; :class:`Unknown` when it has no file or may set the attribute from outside a
+        class body."""
         if module not in self.trees:
             path = self.locate(module)
             if path is None:
-                raise Unknown(module)
+                raise Unknown
             tree = ast.parse(path.read_bytes())
             if any(self.sets_dynamically(node) for node in ast.walk(tree)):
-                raise Unknown(f"{module} may set {self.attribute} from outside a class body")
+                raise Unknown
             self.trees[module] = tree
         return self.trees[module]
 
@@ -72,76 +74,75 @@ class _Reader:
         return False
 
     def value(self, module: str, name: str, depth: int) -> Any:
-        """The attribute's value on class ``name`` of ``module`` (followed through re-exports)."""
+        """The attribute's value on class ``name`` of ``module`` (followed through re-exports), ``depth`` classes
+        and re-exports below the one asked for."""
         if depth > MAX_DEPTH:
-            raise Unknown("too deep")
-        if module == "builtins" and name == "object":
-            return UNSET
+            raise Unknown
         binding = self.binding(module, name)
+        if binding is None:                                 # the built-in object
+            return UNSET
         if isinstance(binding, tuple):                      # from M import X: the class is M's
             return self.value(*binding, depth + 1)
-        node = binding
-        if node.keywords or not all(self.allowed(d) for d in node.decorator_list):
-            raise Unknown(f"{name}: a metaclass or decorator")
-        found = {self.base_value(module, base, depth) for base in node.bases} - {UNSET}   # read even when the
-        own = self.own(node)                    # body sets it: a base's __init_subclass__ could set it after
+        if binding.keywords or not all(self.allowed(d) for d in binding.decorator_list):
+            raise Unknown                                   # a metaclass or a decorator
+        # the bases are read even when the body sets it: a base's __init_subclass__ could set it after the body
+        found = {self.base_value(module, base, depth + 1) for base in binding.bases} - {UNSET}
+        own = self.own(binding)
         if own is not UNSET:
             return own
         if len(found) > 1:
-            raise Unknown(f"{name}: its bases disagree")
+            raise Unknown                                   # bases that disagree: the order of resolution decides
         return found.pop() if found else UNSET
 
     def own(self, node: ast.ClassDef) -> Any:
-        """The value the class body itself sets, or :data:`UNSET`."""
+        """The value the class body itself sets, or :data:`UNSET`; :class:`Unknown` unless it is set at most once,
+        by ``<attribute> = <literal>``, and no ``__init_subclass__`` (which can set it on subclasses) is defined."""
         value = UNSET
         for statement in node.body:
             if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 if statement.name in (self.attribute, "__init_subclass__"):
-                    raise Unknown(f"{node.name}.{statement.name}")
+                    raise Unknown
                 continue
             bound = [n for n in ast.walk(statement) if isinstance(n, ast.Name) and n.id == self.attribute
                      and isinstance(n.ctx, (ast.Store, ast.Del))]
             if not bound:
                 continue
-            literal = statement.value if isinstance(statement, ast.AnnAssign) or isinstance(statement, ast.Assign) \
-                and len(statement.targets) == 1 else None
-            if value is not UNSET or len(bound) != 1 or not isinstance(literal, ast.Constant) or \
-                    not isinstance(statement.targets[0] if isinstance(statement, ast.Assign) else statement.target,
-                                   ast.Name):
-                raise Unknown(f"{node.name}.{self.attribute} is not set once to a literal")
-            value = literal.value
+            target = statement.targets[0] if isinstance(statement, ast.Assign) and len(statement.targets) == 1 else \
+                statement.target if isinstance(statement, ast.AnnAssign) else None
+            if value is not UNSET or len(bound) != 1 or not isinstance(target, ast.Name) or \
+                    not isinstance(statement.value, ast.Constant):
+                raise Unknown
+            value = statement.value.value
         return value
 
     def base_value(self, module: str, base: ast.expr, depth: int) -> Any:
+        """The attribute's value on the base class written ``base`` in ``module``: a name, or ``a.b.X`` through a
+        top-level ``import``."""
         if isinstance(base, ast.Name):
-            return self.value(module, base.id, depth + 1)
-        dotted = _dotted(base)
-        if dotted is None:
-            raise Unknown("a base that is not a name")
-        head, _, rest = dotted.partition(".")
+            return self.value(module, base.id, depth)
+        head, _, rest = _dotted(base).partition(".")
         imported = self.imports(module).get(head)
-        if not rest or not isinstance(imported, str):
-            raise Unknown(dotted)
+        if imported is None:
+            raise Unknown
         target, _, name = f"{imported}.{rest}".rpartition(".")
-        return self.value(target, name, depth + 1)
+        return self.value(target, name, depth)
 
-    def binding(self, module: str, name: str) -> ast.ClassDef | tuple[str, str]:
-        """What ``name`` is at the top level of ``module``: its class statement, or ``(module, name)`` it is
-        imported from; raises :class:`Unknown` when it is bound otherwise or more than once."""
-        tree = self.tree(module)
+    def binding(self, module: str, name: str) -> ast.ClassDef | tuple[str, str] | None:
+        """What ``name`` is at the top level of ``module``: its class statement, ``(module, name)`` it is imported
+        from, or None for the built-in ``object``; :class:`Unknown` when it is bound otherwise or more than once."""
         found: list[ast.ClassDef | tuple[str, str]] = []
-        for statement in tree.body:
+        for statement in self.tree(module).body:
             if isinstance(statement, ast.ClassDef) and statement.name == name:
                 found.append(statement)
             elif isinstance(statement, ast.ImportFrom):
                 source = _absolute(module, statement, self.is_package(module))
                 found += [(source, alias.name) for alias in statement.names if (alias.asname or alias.name) == name]
             elif name in _bindings(statement):
-                raise Unknown(f"{module}.{name} is not a class statement")
+                raise Unknown
         if name == "object" and not found:
-            return "builtins", "object"
+            return None
         if len(found) != 1:
-            raise Unknown(f"{module}.{name} bound {len(found)} times")
+            raise Unknown
         return found[0]
 
     def imports(self, module: str) -> dict[str, str | None]:
@@ -150,14 +151,10 @@ class _Reader:
         names: dict[str, str | None] = {}
         for statement in self.tree(module).body:
             if isinstance(statement, ast.Import):
-                for alias in statement.names:
-                    bound, named = (alias.asname, alias.name) if alias.asname else (alias.name.split(".")[0],) * 2
+                for bound, named in _imported(statement):
                     names[bound] = named if names.get(bound, named) == named else None
-                continue
-            bound = {statement.name} if isinstance(statement, ast.ClassDef) else \
-                {a.asname or a.name for a in statement.names} if isinstance(statement, ast.ImportFrom) else \
-                _bindings(statement)
-            names.update(dict.fromkeys(bound))
+            else:
+                names.update(dict.fromkeys(_bindings(statement)))
         return names
 
     def is_package(self, module: str) -> bool:
@@ -166,39 +163,41 @@ class _Reader:
 
 
 def _absolute(module: str, statement: ast.ImportFrom, package: bool) -> str:
-    """The module a ``from ... import`` names, relative imports resolved against ``module``."""
+    """The module a ``from ... import`` names, relative imports resolved against ``module`` (a package when
+    ``package``: its ``__init__``)."""
     if not statement.level:
-        return statement.module or ""
+        return str(statement.module)
     parts = module.split(".")[:len(module.split(".")) - statement.level + (1 if package else 0)]
     if not parts:
-        raise Unknown("a relative import above the top package")
+        raise Unknown                                       # above the top package
     return ".".join(parts + ([statement.module] if statement.module else []))
 
 
-def _dotted(node: ast.expr) -> str | None:
+def _dotted(node: ast.expr) -> str:
+    """``a.b.X`` of an attribute chain; :class:`Unknown` for any other expression (``Generic[T]``, a call)."""
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
-        head = _dotted(node.value)
-        return None if head is None else f"{head}.{node.attr}"
-    return None
+        return f"{_dotted(node.value)}.{node.attr}"
+    raise Unknown
 
 
-def _bound(target: ast.expr) -> set[str]:
-    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+def _imported(statement: ast.Import) -> list[tuple[str, str]]:
+    """``(bound name, module)`` of each name of an ``import``: ``import a.b`` binds ``a`` to module ``a``,
+    ``import a.b as c`` binds ``c`` to ``a.b``."""
+    return [(a.asname, a.name) if a.asname else (a.name.split(".")[0],) * 2 for a in statement.names]
 
 
 def _bindings(statement: ast.stmt) -> set[str]:
-    """Names a top-level statement other than a class statement or ``from ... import`` binds."""
-    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    """The names a top-level statement binds (those bound inside it too: under an ``if``, a ``try``...)."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {statement.name}
     if isinstance(statement, ast.Import):
-        return {(a.asname or a.name.split(".")[0]) for a in statement.names}
-    if isinstance(statement, (ast.ClassDef, ast.ImportFrom)):
-        return set()
-    return {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | \
-        {a.asname or a.name for n in ast.walk(statement) if isinstance(n, (ast.Import, ast.ImportFrom))
-         for a in n.names} | {n.name for n in ast.walk(statement) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+        return {bound for bound, _ in _imported(statement)}
+    if isinstance(statement, ast.ImportFrom):
+        return {a.asname or a.name for a in statement.names}
+    return set().union(*(_bindings(n) for n in ast.iter_child_nodes(statement) if isinstance(n, ast.stmt))) | \
+        {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
 __all__ = ["UNSET", "class_literal"]

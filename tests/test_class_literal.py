@@ -88,6 +88,18 @@ ANSWERED = {
     "object as a base": ({"m": "class A(object):\n    pass\n"}, UNSET),
     "another attribute set dynamically": ({"m": "class A:\n    private = True\n"
                                            "setattr(A, 'other', 1)\n"}, True),
+    "an instance attribute set in a method": ({"m": "class A:\n    private = True\n    def f(self):\n"
+                                               "        self.other = 1\n"}, True),
+    "set after a method": ({"m": "class B:\n    private = False\nclass A(B):\n    def f(self):\n        return 1\n"
+                                 "    private = True\n"}, True),
+    "set after another attribute": ({"m": "class A:\n    x = 1\n    private = True\n"}, True),
+    "beside an unrelated `from . import`": ({"base": "", "m": "from . import base\nclass A:\n    private = True\n"},
+                                           True),
+    "a sub-package's parent-relative re-export": ({"base": "class B:\n    private = True\n",
+                                                   "sub/__init__": "from ..base import B\n",
+                                                   "m": "from PKG.sub import B\nclass A(B):\n    pass\n"}, True),
+    "a chain of 32 classes": ({"m": "class C0:\n    private = True\n" + "".join(
+        f"class C{i}(C{i - 1}):\n    pass\n" for i in range(1, 32)) + "class A(C31):\n    pass\n"}, True),
 }
 
 
@@ -103,6 +115,9 @@ UNSETTLED = {
     "a metaclass": "class Meta(type):\n    pass\nclass A(metaclass=Meta):\n    private = False\n",
     "__init_subclass__ in a base": "class B:\n    private = False\n    def __init_subclass__(cls):\n"
                                    "        cls.private = True\nclass A(B):\n    pass\n",
+    "__init_subclass__ calling a helper of another file": "from PKG.helper import mark\nclass B:\n    private = False\n"
+                                                          "    def __init_subclass__(cls):\n        mark(cls)\n"
+                                                          "class A(B):\n    pass\n",
     "set on the class after it": "class A:\n    private = False\nA.private = True\n",
     "deleted from the class": "class B:\n    private = True\nclass A(B):\n    private = False\ndel A.private\n",
     "setattr": "class A:\n    private = False\nsetattr(A, 'private', True)\n",
@@ -114,26 +129,43 @@ UNSETTLED = {
     "a property": "class A:\n    @property\n    def private(self):\n        return True\n",
     "a name bound twice": "class B:\n    private = False\nclass B:\n    private = True\nclass A(B):\n    pass\n",
     "a base rebound": "class B:\n    private = False\nB = type('B', (), {'private': True})\nclass A(B):\n    pass\n",
+    "a base redefined under an if": "class B:\n    private = False\nif True:\n    class B:\n        private = True\n"
+                                    "class A(B):\n    pass\n",
+    "a base rebound by an import under an if": "class B:\n    private = False\nif True:\n    from PKG.base import B\n"
+                                               "class A(B):\n    pass\n",
+    "a module alias rebound by an assignment": "import PKG.base as b\nimport PKG.other\nb = PKG.other\n"
+                                               "class A(b.B):\n    pass\n",
+    "a module alias imported twice": "import PKG.other as b\nclass A(b.B):\n    pass\nimport PKG.base as b\n",
+    "a module alias rebound by a from-import": "import PKG.base as b\nfrom PKG import other as b\n"
+                                               "class A(b.B):\n    pass\n",
     "bases that disagree": "class B:\n    private = False\nclass C:\n    private = True\nclass A(B, C):\n    pass\n",
     "a base from a module without a file": "from collections import OrderedDict\nclass A(OrderedDict):\n    pass\n",
     "a subscripted base, even with the body's own value": "from typing import Generic, TypeVar\nT = TypeVar('T')\n"
                                                           "class A(Generic[T]):\n    private = True\n",
-    "a base's __init_subclass__ in another file": "from PKG.hidden import B\nclass A(B):\n"
-                                                                            "    private = False\n",
+    "a base's __init_subclass__ in another file": "from PKG.hidden import B\nclass A(B):\n    private = False\n",
+    "a chain of 33 classes": "class C0:\n    private = True\n" + "".join(
+        f"class C{i}(C{i - 1}):\n    pass\n" for i in range(1, 33)) + "class A(C32):\n    pass\n",
 }
+BESIDE = {"base": "class B:\n    private = True\n", "other": "class B:\n    private = False\n",
+          "hidden": "class B:\n    def __init_subclass__(cls):\n        cls.private = True\n",
+          "helper": "def mark(cls):\n    setattr(cls, 'private', True)\n"}
+"""Modules the cases of :data:`UNSETTLED` may import: where a naive reading would answer, it answers wrong."""
 
 
 @pytest.mark.parametrize("code", UNSETTLED.values(), ids=UNSETTLED.keys())
 def test_where_the_text_could_lie_it_does_not_answer(tmp_path, code):
-    hidden = "class B:\n    def __init_subclass__(cls):\n        cls.private = True\n"
-    answer, _ = _read(tmp_path, {"m": code, "hidden": hidden}, "m", "A")
+    answer, _ = _read(tmp_path, {**BESIDE, "m": code}, "m", "A")
     assert answer is None
 
 
-def test_a_package_that_sets_it_on_import_is_not_answered(tmp_path):
-    """The package's ``__init__`` runs before the module and may change the class."""
-    assert _read(tmp_path, {"": "import PKG.m\nsetattr(PKG.m.A, 'private', True)\n",
-                            "m": "class A:\n    private = False\n"}, "m", "A") == (None, True)
+@pytest.mark.parametrize("module", ["m", "sub.m"])
+def test_a_package_that_sets_it_on_import_is_not_answered(tmp_path, module):
+    """Each package's ``__init__`` runs before the module and may change the class."""
+    folder = module.rpartition(".")[0]
+    init = f"{folder}/__init__" if folder else ""
+    code = f"import sys\nimport PKG.{module}\nsetattr(sys.modules['PKG.{module}'].A, 'private', True)\n"
+    assert _read(tmp_path, {init: code, module.replace(".", "/"): "class A:\n    private = False\n"}, module,
+                 "A") == (None, True)
 
 
 def test_an_unreadable_or_missing_file_is_not_answered(tmp_path):
