@@ -121,6 +121,8 @@ UNSETTLED = {
     "set on the class after it": "class A:\n    private = False\nA.private = True\n",
     "deleted from the class": "class B:\n    private = True\nclass A(B):\n    private = False\ndel A.private\n",
     "setattr": "class A:\n    private = False\nsetattr(A, 'private', True)\n",
+    "type.__setattr__": "class A:\n    private = False\ntype.__setattr__(A, 'private', True)\n",
+    "delattr": "class B:\n    private = True\nclass A(B):\n    private = False\ndelattr(A, 'private')\n",
     "setattr with a computed name": "class A:\n    private = False\nname = 'priv' + 'ate'\nsetattr(A, name, True)\n",
     "a non-literal value": "def f():\n    return True\nclass A:\n    private = f()\n",
     "set twice": "class A:\n    private = False\n    private = True\n",
