@@ -115,7 +115,7 @@ LAYERS = (
               "clbench.artifacts", "clbench.loggers", "clbench.workers", "clbench.tasks", "clbench.leaderboard",
               "clbench.report", "clbench.suite_report", "clbench.precision", "clbench.optional", "clbench.adequacy",
               "clbench.recorded", "clbench.snapshots", "clbench.escaping", "clbench.replaced", "clbench.augment",
-              "clbench.estimates")),
+              "clbench.estimates", "clbench.class_literal")),
     ("privacy", ("clbench.privacy",)),
     ("parts", ("clbench.cl", "clbench.models", "clbench.data")),
     ("methods", ("clbench.petl", "clbench.tangent", "clbench.analysis")),
