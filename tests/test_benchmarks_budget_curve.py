@@ -1,4 +1,4 @@
-"""benchmarks/budget_curve.py (issue 33): validation scores after every epoch of a suite's rows, the test data
+"""benchmarks/budget_curve.py: validation scores after every epoch of a suite's rows, the test data
 unread, the training left as it would be without the scoring, and the flattening rule."""
 
 from __future__ import annotations
