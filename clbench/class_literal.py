@@ -131,11 +131,12 @@ class _Reader:
         """What ``name`` is at the top level of ``module``: its class statement, ``(module, name)`` it is imported
         from, or None for the built-in ``object``; :class:`Unknown` when it is bound otherwise or more than once."""
         found: list[ast.ClassDef | tuple[str, str]] = []
+        package = self.is_package(module)
         for statement in self.tree(module).body:
             if isinstance(statement, ast.ClassDef) and statement.name == name:
                 found.append(statement)
             elif isinstance(statement, ast.ImportFrom):
-                source = _absolute(module, statement, self.is_package(module))
+                source = _absolute(module, statement, package)
                 found += [(source, alias.name) for alias in statement.names if (alias.asname or alias.name) == name]
             elif name in _bindings(statement):
                 raise Unknown

@@ -483,9 +483,9 @@ def private_flag(name: str) -> tuple[bool, str] | None:
 def _code_private(source: Source, name: str) -> bool | None:
     """Whether the class that ``source``'s code registers as strategy ``name`` (``@STRATEGIES.register(name)`` on a
     class statement of the module) sets ``private = True``, read from the code of the module and of its bases
-    (:func:`clbench.class_literal.class_literal`: files of the module's own package and shipped ones, not imported);
-    None when the code does not settle it: a package's first refusal of ``dp:`` on a strategy that cannot train
-    privately needs no import."""
+    (:func:`clbench.class_literal.class_literal`: shipped files, installed plugin modules and files of the module's
+    own package, not imported); None when the code does not settle it: a package's first refusal of ``dp:`` on a
+    strategy that cannot train privately needs no import."""
     from clbench.class_literal import UNSET, class_literal
 
     if source.path is None:
@@ -511,17 +511,15 @@ def _code_private(source: Source, name: str) -> bool | None:
                and any(registers(d, "strategy", name) for d in node.decorator_list)]
     if len(classes) != 1:
         return None
-    value = class_literal(functools.partial(_module_path, source), source.module, classes[0], "private", registers)
+    files = {**{s.module: s.path for s in sources() if s.origin != "shipped" and s.path}, **dict(shipped_modules())}
+    value = class_literal(lambda module: files.get(module) or _beside(source, module), source.module, classes[0],
+                          "private", registers)
     return None if value is None or value is UNSET else bool(value)
 
 
-def _module_path(near: Source, module: str) -> Path | None:
-    """The file of ``module`` when it is shipped, an installed plugin module, or in the package of the installed
-    plugin module ``near`` (found beside its file, not imported); else None."""
-    shipped = dict(shipped_modules())
-    installed = {s.module: s.path for s in sources() if s.origin != "shipped" and s.path is not None}
-    if module in shipped or module in installed:
-        return shipped.get(module) or installed[module]
+def _beside(near: Source, module: str) -> Path | None:
+    """The file of ``module`` when it is in the package of the installed plugin module ``near`` (found beside its
+    file, not imported); else None."""
     if near.path is None or module.split(".")[0] != near.module.split(".")[0]:
         return None
     root = near.path.parents[near.module.count(".")].joinpath(*module.split("."))
