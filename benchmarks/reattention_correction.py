@@ -8,7 +8,7 @@ over the keys a query sees, in nats: the part the softmax does not cancel), for
 
     CLBENCH_DATA=<root> python benchmarks/reattention_correction.py 0.6 1024
 
-With ``--runs``, on a suite's own trained models instead (issue 54): each ``<out>/artifacts/<run_id>`` folder's
+With ``--runs``, on a suite's own trained models instead: each ``<out>/artifacts/<run_id>`` folder's
 model snapshot rebuilt with its record's hyperparameters (any norm or embeddings option), its error prior set from
 the record (``reattention_sigma_dp`` of its metrics, its batch size, the exact item frequencies of the training
 windows: the private release's noise left out), and, per block, the total variation by which the correction moves

@@ -23,9 +23,9 @@ def test_statistics_by_hand():
     assert s.final_spread == 0.0
 
 
-@pytest.mark.parametrize("curves", [[[1.0, 2.0, 3.0]], [[1.0, 2.0], [1.0, 2.0]], [[1.0, 2.0, 3.0], [1.0, 2.0]]])
-def test_too_few_seeds_or_epochs_or_unequal_budgets_are_refused(curves):
-    with pytest.raises(ValueError, match="at least 2 curves of one length"):
+@pytest.mark.parametrize("curves", [[], [[1.0, 2.0], [1.0, 2.0]], [[1.0, 2.0, 3.0], [1.0, 2.0]]])
+def test_no_curve_too_few_epochs_or_unequal_budgets_are_refused(curves):
+    with pytest.raises(ValueError, match="curves of one length of at least 3"):
         row_stability(curves)
 
 
@@ -79,3 +79,81 @@ def test_stability_command_writes_the_table_from_checked_records_only(tmp_path, 
                      f"games,dp,2,4,{2 * math.sqrt(0.5) / 4:.3g},1.5,{(1 / 3) / 2:.3g},0"]
     assert main(["analyze", "stability", "--run", str(tmp_path), "--rows", "nope"]) == 2
     assert main(["analyze", "stability", "--run", str(tmp_path)]) == 2
+
+
+def test_one_curve_has_no_spread_across_seeds():
+    s = row_stability([[4.0, 2.0, 3.0, 1.0]])
+    assert (s.seeds, s.seed_spread, s.final_spread) == (1, None, None)
+    assert (s.roughness, s.reversals) == (3.0, pytest.approx(1 / 3))
+
+
+def _course(path, row: str, seed: int, values, trajectory: bool = True, step: int = 0, metric: str = "ndcg@10",
+            header: str = "# benchmarks/budget_curve.py ...\n") -> None:
+    lines = [json.dumps({"event": "epoch", "scenario": "games", "row": row, "seed": seed, "step": step,
+                         "epoch": e, "metric": metric, "holdout": "valid", "just_trained": x, "seen": -1.0,
+                         "trajectory": trajectory}) for e, x in enumerate(values, 1)]
+    path.write_text(header + "\n".join(lines) + "\n| epoch | table |\n|---|---|\n")
+
+
+def test_validation_curves_group_rows_over_seeds_from_trajectory_files(tmp_path):
+    """Every row of the files, one curve per seed in seed order, read from ``just_trained`` (``seen`` is not the
+    curve); the table and header lines are not read."""
+    from clbench.analysis.stability import validation_curves
+
+    _course(tmp_path / "a1.txt", "a", 1, [0.3, 0.2, 0.1])
+    _course(tmp_path / "a0.txt", "a", 0, [0.1, 0.2, 0.3])
+    _course(tmp_path / "b0.txt", "b", 0, [0.5, 0.5, 0.4])
+    assert validation_curves([tmp_path / "a1.txt", tmp_path / "b0.txt", tmp_path / "a0.txt"]) == {
+        ("games", "a"): [[0.1, 0.2, 0.3], [0.3, 0.2, 0.1]], ("games", "b"): [[0.5, 0.5, 0.4]]}
+
+
+@pytest.mark.parametrize("write, message", [
+    (lambda p: _course(p, "a", 0, [0.1, 0.2, 0.3], trajectory=False), "not a trajectory"),
+    (lambda p: _course(p, "a", 0, [0.1, 0.2, 0.3], step=1), "step 1: a validation course is read on a one-step"),
+    (lambda p: _course(p, "a", 0, [0.1, 0.2, 0.3], header='{"event": "epoch", "cut\n'), "not a JSON line"),
+    (lambda p: p.write_text("# only a header\n"), "no epoch line"),
+])
+def test_validation_curves_refuse_what_is_not_one_runs_course(tmp_path, write, message):
+    from clbench.analysis.stability import validation_curves
+
+    write(tmp_path / "x.txt")
+    with pytest.raises(ValueError, match=message):
+        validation_curves([tmp_path / "x.txt"])
+
+
+def test_validation_curves_refuse_a_seed_twice_a_gap_and_two_metrics(tmp_path):
+    from clbench.analysis.stability import validation_curves
+
+    _course(tmp_path / "a.txt", "a", 0, [0.1, 0.2, 0.3])
+    _course(tmp_path / "again.txt", "a", 0, [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match="seed 0 of row 'a' on 'games' is also in another file"):
+        validation_curves([tmp_path / "a.txt", tmp_path / "again.txt"])
+    lines = (tmp_path / "a.txt").read_text().splitlines()
+    (tmp_path / "gap.txt").write_text("\n".join(lines[:2] + lines[3:]))                # epoch 2 missing
+    with pytest.raises(ValueError, match=r"epochs \[1, 3\], not 1..E in order"):
+        validation_curves([tmp_path / "gap.txt"])
+    _course(tmp_path / "acc.txt", "a", 1, [1.0, 2.0, 3.0], metric="accuracy")
+    with pytest.raises(ValueError, match="several metrics"):
+        validation_curves([tmp_path / "a.txt", tmp_path / "acc.txt"])
+
+
+def test_stability_command_reads_curve_files(tmp_path, capsys):
+    from clbench.cli import main
+
+    _course(tmp_path / "a0.txt", "a", 0, [4.0, 3.0, 2.0, 1.0])
+    _course(tmp_path / "a1.txt", "a", 1, [4.0, 2.0, 3.0, 1.0])
+    _course(tmp_path / "b0.txt", "b", 0, [4.0, 2.0, 3.0, 1.0])
+    files = [str(tmp_path / f) for f in ("a0.txt", "a1.txt", "b0.txt")]
+    assert main(["analyze", "stability", "--curves", *files, "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "stability.csv").read_text().splitlines() == [
+        "scenario,row,seeds,epochs,seed_spread,roughness,reversals,final_spread",
+        f"games,a,2,4,{2 * math.sqrt(0.5) / 4:.3g},1.5,{(1 / 3) / 2:.3g},0",
+        f"games,b,1,4,,3,{1 / 3:.3g},"]
+    capsys.readouterr()
+    for wrong in (["--curves", *files], ["--curves", *files, "--out", "o", "--rows", "a"],
+                  ["--curves", *files, "--out", "o", "--run", str(tmp_path)], ["--rows", "a"]):
+        assert main(["analyze", "stability", *wrong]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+    _course(tmp_path / "short.txt", "a", 2, [4.0, 3.0, 2.0])                        # a 3-epoch run of row a
+    assert main(["analyze", "stability", "--curves", *files[:2], str(tmp_path / "short.txt"), "--out", "o"]) == 2
+    assert "row 'a' on 'games': stability needs curves of one length" in capsys.readouterr().err

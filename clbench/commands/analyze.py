@@ -8,11 +8,14 @@
     python run_bench.py analyze paired --run results/<suite> --pairs A:B [C:D ...] [--metric last_acc]
     # training stability of suite rows from their per-epoch training losses (clbench.analysis.stability)
     python run_bench.py analyze stability --run results/<suite> --rows A B [...]
+    # ... or from per-epoch validation courses (benchmarks/budget_curve.py ... --trajectory outputs)
+    python run_bench.py analyze stability --curves FILE [FILE ...] --out DIR
 
 ``dual-form`` reads the run's store (``<out>/artifacts/<run_id>/dual_form/run/``), rebuilds its scenario, loads the
 model saved after the last experience and writes its files to ``--out`` (default ``<out>/dual_form/<run_id>/``).
 ``paired`` prints the table and writes ``paired.csv`` to ``--out`` (default: the results folder); ``stability``
-likewise ``stability.csv`` (one line per row and scenario with at least 2 finished seeds of one budget).
+likewise ``stability.csv`` (one line per row and scenario; the spreads across seeds are left empty for a row of one
+seed), from a results folder's records or, with ``--curves``, from every row of the budget-curve files given.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from clbench.registry import COMMANDS
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("analysis", choices=sorted(ANALYSES), help="which analysis")
-    p.add_argument("--run", required=True, help="dual-form: a run record (<out>/runs/<run_id>.json) recorded with "
-                                                "dual_form; paired: a results folder")
+    p.add_argument("--run", help="dual-form: a run record (<out>/runs/<run_id>.json) recorded with dual_form; "
+                                 "paired, stability: a results folder")
     p.add_argument("--out", help="output folder (default <out>/dual_form/<run_id>)")
     p.add_argument("--queries", type=int, default=1000, help="test samples per test experience used as queries")
     p.add_argument("--examples", type=int, default=4, help="misclassified first-experience queries to plot")
@@ -41,6 +44,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", nargs="+", default=[], help="paired: rows to compare, A:B (strategy labels)")
     p.add_argument("--metric", default="last_acc", help="paired: the metric compared")
     p.add_argument("--rows", nargs="+", default=[], help="stability: the rows (strategy labels) to read")
+    p.add_argument("--curves", nargs="+", default=[], help="stability: budget_curve.py --trajectory outputs to read "
+                                                           "instead of a results folder (with --out)")
+
+
+def _needs_run(args: argparse.Namespace) -> Path:
+    if not args.run:
+        raise ConfigError(f"analyze {args.analysis} needs --run (see run_bench.py analyze --help).")
+    return Path(args.run)
 
 
 def dual_form(args: argparse.Namespace) -> int:
@@ -52,7 +63,7 @@ def dual_form(args: argparse.Namespace) -> int:
     from clbench.runner import build_scenario
     from clbench.specs import RunSpec
 
-    path = Path(args.run)
+    path = _needs_run(args)
     record = record_files.read(path)
     run_id = record["run_id"]
     folder = path.parent.parent / "artifacts" / run_id / "dual_form" / "run"
@@ -79,7 +90,7 @@ def paired(args: argparse.Namespace) -> int:
     for pair, (a, sep, b) in zip(args.pairs, pairs):
         if not sep or not a or not b:
             raise ConfigError(f"--pairs takes A:B (two strategy labels), got {pair!r}.")
-    folder = Path(args.run)
+    folder = _needs_run(args)
     with rebuilding(folder, "analyze paired", "wait for it to end: its records are still being written"):
         return _paired(args, folder, pairs)
 
@@ -113,33 +124,55 @@ def _paired(args: argparse.Namespace, folder: Path, pairs: list[tuple[str, str, 
 
 def stability(args: argparse.Namespace) -> int:
     """The stability statistics (:mod:`clbench.analysis.stability`) of every ``--rows`` label on every scenario it
-    ran on, printed and written to stability.csv (the results folder held locked meanwhile)."""
+    ran on (the results folder held locked meanwhile), or of every row of the ``--curves`` files, printed and
+    written to stability.csv."""
+    if args.curves:
+        if args.run or args.rows or not args.out:
+            raise ConfigError("analyze stability --curves FILE [...] reads every row of those files: give --out DIR, "
+                              "not --run or --rows.")
+        from clbench.analysis.stability import validation_curves
+        try:
+            curves = validation_curves(args.curves)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
+        return _write_stability(curves, Path(args.out))
+    folder = _needs_run(args)
     if not args.rows:
         raise ConfigError("analyze stability needs --rows A [B ...] (strategy labels).")
-    folder = Path(args.run)
     with rebuilding(folder, "analyze stability", "wait for it to end: its records are still being written"):
-        return _stability(args, folder)
+        return _write_stability(_recorded_curves(args.rows, folder), Path(args.out) if args.out else folder)
 
 
-def _stability(args: argparse.Namespace, folder: Path) -> int:
+def _recorded_curves(rows: list[str], folder: Path) -> dict[tuple[str, str], list[list[float]]]:
     from clbench.analysis.paired import row_label, scenario_label
-    from clbench.analysis.stability import row_stability, training_loss_curves
+    from clbench.analysis.stability import training_loss_curves
 
     found, problems = record_files.load_dir(folder)
     for problem in problems:
         print(f"skipped: {problem}")
-    header = ["scenario", "row", "seeds", "epochs", "seed_spread", "roughness", "reversals", "final_spread"]
-    table = []
-    for label in args.rows:
+    curves = {}
+    for label in rows:
         scenarios = sorted({scenario_label(r) for r in found if row_label(r) == label})
         if not scenarios:
             raise ConfigError(f"{folder}: no record of row {label!r}; its rows: "
                               f"{', '.join(sorted({row_label(r) for r in found}))}.")
         for scenario in scenarios:
-            s = row_stability(training_loss_curves(found, folder, label, scenario))
-            table.append([scenario, label, s.seeds, s.epochs, _g(s.seed_spread), _g(s.roughness), _g(s.reversals),
-                          _g(s.final_spread)])
-    out = Path(args.out) if args.out else folder
+            curves[scenario, label] = training_loss_curves(found, folder, label, scenario)
+    return curves
+
+
+def _write_stability(curves: dict[tuple[str, str], list[list[float]]], out: Path) -> int:
+    from clbench.analysis.stability import row_stability
+
+    header = ["scenario", "row", "seeds", "epochs", "seed_spread", "roughness", "reversals", "final_spread"]
+    table = []
+    for (scenario, label), row_curves in curves.items():
+        try:
+            s = row_stability(row_curves)
+        except ValueError as exc:
+            raise ConfigError(f"row {label!r} on {scenario!r}: {exc}") from None
+        table.append([scenario, label, s.seeds, s.epochs, _g(s.seed_spread), _g(s.roughness), _g(s.reversals),
+                      _g(s.final_spread)])
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "stability.csv", "w", newline="") as f:
         csv.writer(f).writerows([header, *([*map(csv_cell, row[:2]), *row[2:]] for row in table)])
@@ -154,9 +187,10 @@ LABELS = 4
 :func:`clbench.escaping.csv_cell` (a label cannot be a spreadsheet formula); the numbers are written as they are."""
 
 
-def _g(x: float) -> str:
-    """Three significant digits: metrics range from accuracies in percent to NDCG@10 near 0.01."""
-    return f"{x:.3g}"
+def _g(x: float | None) -> str:
+    """Three significant digits: metrics range from accuracies in percent to NDCG@10 near 0.01; empty for None (a
+    spread across seeds of one seed)."""
+    return "" if x is None else f"{x:.3g}"
 
 
 ANALYSES = {"dual-form": dual_form, "paired": paired, "stability": stability}
@@ -168,5 +202,5 @@ def run(args: argparse.Namespace) -> int:
 
 COMMANDS.register("analyze")(Command("analyses of recorded runs (dual-form: attention over training patterns; "
                                      "paired: paired differences between suite rows over seeds; stability: spread "
-                                     "and roughness of per-epoch training losses)",
+                                     "and roughness of per-epoch training losses or validation courses)",
                                      _add_arguments, run))
