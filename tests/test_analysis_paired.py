@@ -49,3 +49,9 @@ def test_paired_command_writes_the_table(tmp_path, capsys):
     assert main(["analyze", "paired", "--run", str(tmp_path), "--pairs", "A:B"]) == 0
     lines = (tmp_path / "paired.csv").read_text().splitlines()
     assert lines[1].startswith("s,A,B,last_acc,2,1.5,6.35,not shown,0.167,0.706,+1 +2")
+
+
+@pytest.mark.parametrize("analysis, extra", [("paired", ["--pairs", "a:b"]), ("dual-form", [])])
+def test_analyses_of_a_run_refuse_no_run_in_one_line(analysis, extra, capsys):
+    assert main(["analyze", analysis, *extra]) == 2
+    assert capsys.readouterr().err == f"error: analyze {analysis} needs --run (see run_bench.py analyze --help).\n"
