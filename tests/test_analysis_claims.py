@@ -51,6 +51,23 @@ def test_a_comparison_reads_its_statistic_flags_and_verdict_from_the_records():
     assert removal.verdict is Verdict.NOT_SHOWN and f"{removal.mean:+.2f} ± {removal.half_width:.2f}" == "-0.71 ± 2.24"
 
 
+def test_a_relative_reading_whose_absolute_interval_holds_0_is_not_shown():
+    """Measured.verdict of a relative comparison: its relative interval alone below 0 would read "reversed"; where
+    the absolute interval of the same differences holds 0, it is not shown. Where both agree, the word stands."""
+    from clbench.analysis.claims import Measured
+    from clbench.analysis.paired import Paired
+
+    spec = ComparisonSpec("s", "games", "a", "b", relative=True)
+    disagree = Measured(spec, Paired("games", "a", "b", "m", (0, 1, 2), (-0.1, -1.0, -10.0), (1.0, 10.0, 100.0)))
+    assert disagree.half_width == pytest.approx(0.0, abs=1e-9) and disagree.verdict is Verdict.NOT_SHOWN
+    assert "-10.00% ± 0.00 (3 seeds) → **not shown**; the absolute interval of the same differences, -3.7e+00 ± " \
+           "1.4e+01, holds 0" in disagree.text()
+    agree = Measured(spec, Paired("games", "a", "b", "m", (0, 1, 2), (-1.0, -1.1, -1.2), (10.0, 10.0, 10.0)))
+    assert agree.verdict is Verdict.REVERSED and "absolute interval" not in agree.text()
+    absolute = Measured(ComparisonSpec("s", "games", "a", "b"), disagree.statistic)
+    assert absolute.verdict is Verdict.NOT_SHOWN
+
+
 def test_a_missing_suite_is_not_tested_and_another_kind_of_comparison_is_said():
     missing = measure(ComparisonSpec("no_such_suite", "s", "a", "b", at_papers_setting=False, why="one task"),
                       RECORDS)

@@ -123,9 +123,19 @@ class Measured:
 
     @property
     def verdict(self) -> Verdict:
-        return verdict(Comparison(self.spec.direction, self.mean, self.half_width,
+        """The verdict of the interval shown; a relative reading whose absolute interval holds 0 while the relative
+        one does not (or the other way round) is not shown (:attr:`Paired.relative_verdict`)."""
+        word = verdict(Comparison(self.spec.direction, self.mean, self.half_width,
                                   self.flags.get(self.spec.a, ()), self.flags.get(self.spec.b, ()),
                                   self.spec.at_papers_setting, self.spec.margin))
+        return Verdict.NOT_SHOWN if word in (Verdict.REPRODUCED, Verdict.REVERSED) and self._absolute_disagrees \
+            else word
+
+    @property
+    def _absolute_disagrees(self) -> bool:
+        """A directional relative reading whose absolute interval is not on the same side of 0."""
+        return self.spec.relative and self.spec.margin is None and self.statistic is not None \
+            and self.statistic.relative_verdict == "not shown"
 
     def text(self) -> str:
         """``scenario: a − b metric +1.23 ± 0.45 (3 seeds) → verdict[; flags][; the paper's value ...]``."""
@@ -140,6 +150,10 @@ class Measured:
         flagged = [f"{row} {', '.join(kinds)}" for row, kinds in self.flags.items() if kinds]
         if flagged:
             parts.append(f"flagged: {'; '.join(flagged)}")
+        if self._absolute_disagrees and self.verdict is Verdict.NOT_SHOWN and not (
+                self.mean - self.half_width <= 0 <= self.mean + self.half_width):
+            parts.append(f"the absolute interval of the same differences, {self.statistic.mean:+.1e} ± "
+                         f"{self.statistic.half_width:.1e}, holds 0")
         if not spec.at_papers_setting:
             parts.append(spec.why)
         if spec.paper_value is not None and not math.isnan(self.half_width):

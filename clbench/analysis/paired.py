@@ -8,8 +8,10 @@ For rows ``A`` and ``B`` (strategy labels) on one scenario and a metric ``m`` (e
 
 Pairing by seed removes what the rows share in a seed (data order, initial state), so the interval is about the
 difference itself. A claim "A beats B" is shown when the interval lies above 0, contradicted when it lies below,
-and not shown otherwise. ``run_bench.py analyze paired --run <results folder> --pairs A:B [C:D ...]`` prints the
-table and writes ``paired.csv`` (:mod:`clbench.commands.analyze`).
+and not shown otherwise. Read relatively, both intervals must agree: the ``d_s`` and the ``r_s`` are the same seeds'
+differences, so where one interval holds 0 and the other does not, neither is read as more than "not shown".
+``run_bench.py analyze paired --run <results folder> --pairs A:B [C:D ...]`` prints the table and writes
+``paired.csv`` (:mod:`clbench.commands.analyze`).
 """
 
 from __future__ import annotations
@@ -59,10 +61,21 @@ class Paired:
 
     @property
     def verdict(self) -> str:
-        low, high = self.mean - self.half_width, self.mean + self.half_width
-        if np.isnan(self.half_width):
-            return "one seed: no interval"
-        return "A > B" if low > 0 else "A < B" if high < 0 else "not shown"
+        """``A > B`` / ``A < B`` where the interval of ``d̄`` lies wholly above / below 0, else not shown."""
+        return _side(self.mean, self.half_width)
+
+    @property
+    def relative_verdict(self) -> str:
+        """The verdict of the relative reading: :attr:`verdict` where the interval of ``r̄`` lies on the same side of
+        0, else not shown (the two intervals of the same differences disagree)."""
+        absolute = self.verdict
+        return absolute if _side(self.relative_mean, self.relative_half_width) == absolute else "not shown"
+
+
+def _side(mean: float, half_width: float) -> str:
+    if np.isnan(half_width):
+        return "one seed: no interval"
+    return "A > B" if mean - half_width > 0 else "A < B" if mean + half_width < 0 else "not shown"
 
 
 def _half_width(values: tuple[float, ...]) -> float:

@@ -13,7 +13,8 @@ The opening marker names the records (``suite``: the folder ``<root>/<suite>/run
   it; ``scenario=<label>`` keeps one scenario.
 - ``paired``: :func:`clbench.analysis.paired.paired` for ``pairs=A:B,C:D`` (strategy labels) on ``metric=<name>``
   (default ``last_acc``): per pair and scenario, the seeds, ``d̄ ± t·sd/√n`` (with the metric's decimals) and
-  the verdict; with ``relative=yes`` also ``r̄ ± half-width`` of ``r_s = d_s / m(B, s)`` in percent. A pair
+  the verdict; with ``relative=yes`` also ``r̄ ± half-width`` of ``r_s = d_s / m(B, s)`` in percent, and the
+  verdict only where both intervals agree (:attr:`clbench.analysis.paired.Paired.relative_verdict`). A pair
   one of whose rows is flagged by :mod:`clbench.adequacy` (``not learned``, ``not converged``) has its verdict
   marked ``(flagged: <row> <flag>; ...)``: not evidence (tests/test_analysis_claims.py fails on a claim that cites it
   without saying so).
@@ -105,7 +106,8 @@ def paired_table(records: list[dict], options: dict[str, str]) -> str:
             cells = [p.scenario, f"{a} − {b}", metric, str(len(p.seeds)),
                      f"{p.mean:+.{digits}f} ± {p.half_width:.{digits}f}",
                      *([f"{100 * p.relative_mean:+.1f}% ± {100 * p.relative_half_width:.1f}"] if relative else []),
-                     p.verdict + paired_mark(records, p.scenario, (a, b), _suite_root(options))]
+                     (p.relative_verdict if relative else p.verdict)
+                     + paired_mark(records, p.scenario, (a, b), _suite_root(options))]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,9 @@ reproduced                          the interval lies wholly on the paper's side
 reversed                            the interval lies wholly on the other side of 0 (``within``: outside [−m, m])
 ==================================  =====================================================================
 
-So an interval that contains 0 is never ``reproduced`` and a flagged comparison is never evidence either way; a
+So an interval that contains 0 is never ``reproduced`` and a flagged comparison is never evidence either way
+(a relative reading also needs the absolute interval of the same differences on its side:
+:attr:`clbench.analysis.claims.Measured.verdict`); a
 comparison of another kind than the paper's says so first (its flags are still shown beside it). A
 smaller scale than the paper's (less data, a smaller model, fewer epochs) does not change the word: the claims page
 states both settings beside it (:mod:`clbench.analysis.claims`).

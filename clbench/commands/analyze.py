@@ -108,10 +108,10 @@ def _paired(args: argparse.Namespace, folder: Path, pairs: list[tuple[str, str, 
             print(f"{a} vs {b}: no seeds in common with a finished {args.metric}")
         rows += results
     header = ["scenario", "A", "B", "metric", "n_seeds", "mean_A_minus_B", "ci95_half_width", "verdict",
-              "relative_mean", "relative_ci95_half_width", "per_seed"]
+              "relative_mean", "relative_ci95_half_width", "relative_verdict", "per_seed"]
     table = [[p.scenario, p.a, p.b, p.metric, len(p.seeds), _g(p.mean), _g(p.half_width), p.verdict,
-              _g(p.relative_mean), _g(p.relative_half_width), " ".join(f"{d:+.3g}" for d in p.differences)]
-             for p in rows]
+              _g(p.relative_mean), _g(p.relative_half_width), p.relative_verdict,
+              " ".join(f"{d:+.3g}" for d in p.differences)] for p in rows]
     out = Path(args.out) if args.out else folder
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "paired.csv", "w", newline="") as f:
