@@ -106,3 +106,21 @@ def test_the_removals_table_pairs_each_seeds_accuracy_after_with_before(tmp_path
     table = render({"suite": "unlearning", "table": "removals"}, tmp_path)
     row = next(line for line in table.splitlines() if line.startswith("| taft_shards_N25 | touchhalf | subtract |"))
     assert len(removals) == 3 and f"| {sum(change) / 3:+.2f} ± " in row
+
+
+def test_a_relative_table_says_a_verdict_only_where_both_intervals_agree():
+    """d = -1, -1.1, -1.2 (A < B: -1.10 ± 0.25) against B = 1, 100, 100: r = -100%, -1.1%, -1.2%, whose interval
+    holds 0; the relative table says not shown, the absolute one A < B."""
+    from clbench.analysis.reference_tables import paired_table
+
+    def record(label, seed, value):
+        return {"run_id": f"s__{label}__s{seed}", "status": "finished", "seed": seed,
+                "spec": {"suite": "t", "scenario": {"name": "s", "label": ""},
+                         "strategy": {"name": "x", "label": label}}, "metrics": {"last_acc": value}}
+
+    records = [record("B", s, b) for s, b in enumerate((1.0, 100.0, 100.0))] + \
+        [record("A", s, b + d) for s, (b, d) in enumerate(((1.0, -1.0), (100.0, -1.1), (100.0, -1.2)))]
+    absolute = paired_table(records, {"pairs": "A:B"})
+    relative = paired_table(records, {"pairs": "A:B", "relative": "yes"})
+    assert absolute.splitlines()[2].endswith("| A < B |")
+    assert relative.splitlines()[2].endswith("| not shown |") and "% ± " in relative.splitlines()[2]
