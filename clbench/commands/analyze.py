@@ -37,7 +37,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("analysis", choices=sorted(ANALYSES), help="which analysis")
     p.add_argument("--run", help="dual-form: a run record (<out>/runs/<run_id>.json) recorded with dual_form; "
                                  "paired, stability: a results folder")
-    p.add_argument("--out", help="output folder (default <out>/dual_form/<run_id>)")
+    p.add_argument("--out", help="output folder (dual-form: default <out>/dual_form/<run_id>; paired, stability: "
+                                 "default the results folder; required with --curves)")
     p.add_argument("--queries", type=int, default=1000, help="test samples per test experience used as queries")
     p.add_argument("--examples", type=int, default=4, help="misclassified first-experience queries to plot")
     p.add_argument("--top-k", type=int, default=10)
