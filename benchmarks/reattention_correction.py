@@ -10,7 +10,7 @@ over the keys a query sees, in nats: the part the softmax does not cancel), for
 
 With ``--runs``, on a suite's own trained models instead: each ``<out>/artifacts/<run_id>`` folder's
 model snapshot rebuilt with its record's hyperparameters (any norm or embeddings option), its error prior set from
-the record (``reattention_sigma_dp`` of its metrics, its batch size, the exact item frequencies of the training
+the record (``reattention_sigma_dp`` of its extra metrics, its batch size, the exact item frequencies of the training
 windows: the private release's noise left out), and, per block, the total variation by which the correction moves
 each scored query row's attention, ``TV_i = ½ Σ_j |softmax_j(s_ij) − softmax_j(s_ij − C_i σ_j²/2)|`` over the keys
 ``j`` query ``i`` may see (item positions of 500 test users), printed as median / 90th percentile / max::
@@ -118,23 +118,31 @@ def correction_tv(model: SeqRec, x: torch.Tensor) -> list[torch.Tensor]:
     return tvs
 
 
-def runs_tv(folders: list[str]) -> None:
-    scenario = games_seqrec(**SCENARIO[1])
-    frequency = item_frequency(scenario.train_stream[0].dataset.x, GAMES_ITEMS)
-    x = scenario.test_stream[0].dataset.x[:500]
+def runs_tv(folders: list[str], scenario=None, expected: tuple[str, dict] = SCENARIO, users: int = 500) -> dict:
+    """``{run_id: [TV of each block]}`` of each run (module docstring), printed as it goes; ``scenario`` (built from
+    ``expected`` when None) gives the exact item frequencies and the first ``users`` test windows. A run whose
+    attention is vanilla, or whose record has no positive ``reattention_sigma_dp`` among its extra metrics, is
+    refused."""
+    scenario = scenario or games_seqrec(**expected[1])
+    n_items = scenario.info.extra["n_items"]
+    frequency = item_frequency(scenario.train_stream[0].dataset.x, n_items)
+    x = scenario.test_stream[0].dataset.x[:users]
+    found = {}
     for folder in folders:
         record = read_record(record_path(Path(folder).parents[1], Path(folder).name))
-        (run_id, model, _), = recorded([folder], scenario)
-        sigma = record["metrics"]["reattention_sigma_dp"]
+        (run_id, model, _), = recorded([folder], scenario, expected)
+        sigma = record["metrics"].get("extra", {}).get("reattention_sigma_dp")
         if model.blocks[0].attn.__class__ is CausalSelfAttention or not sigma:
             raise SystemExit(f"{run_id}: not a private Re-Attention run (attention vanilla or sigma_dp 0).")
         config = RunSpec.from_dict(record["spec"]).config()
         model.set_error_prior(ErrorPrior(sigma, config.batch_size, frequency, config.error_scale))
-        for block, tv in enumerate(correction_tv(model.eval(), x)):
+        found[run_id] = correction_tv(model.eval(), x)
+        for block, tv in enumerate(found[run_id]):
             print(f"{run_id} block {block}: attention moved by the correction, total variation median "
                   f"{float(tv.median()):.3g}, 90th percentile {float(tv.quantile(0.9)):.3g}, max "
                   f"{float(tv.max()):.3g} ({len(tv)} query rows; sigma_dp {sigma:.4g}, B {config.batch_size})",
                   flush=True)
+    return found
 
 
 if __name__ == "__main__":
