@@ -4,26 +4,15 @@ query row's attention, checked against the module's own scores recomputed with a
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "reattention_correction.py"
+from tests._scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("reattention_correction", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    yield from benchmark_script("reattention_correction")
 
 
 def private_run(tmp_path, attention: str):

@@ -4,29 +4,16 @@ and the frequency-bucket bookkeeping against a hand count."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from clbench.models.seqrec import SeqRec
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "seqrec_attention_distraction.py"
+from tests._scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    import sys
-
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("seqrec_attention_distraction", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    yield from benchmark_script("seqrec_attention_distraction")
 
 
 def test_recomputed_rows_reproduce_the_attention_modules_output(script):
