@@ -3,11 +3,8 @@ unread, the training left as it would be without the scoring, and the flattening
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +12,8 @@ import torch
 
 from clbench.protocol import NEXT_ITEM
 from clbench.registry import SCENARIOS
+from tests._scripts import benchmark_script
 
-ROOT = Path(__file__).resolve().parents[1]
 SUITE = """suite: curve
 scenarios:
   - {name: split_digits, label: digits, args: {n_experiences: 5}}
@@ -28,15 +25,7 @@ strategies:
 
 @pytest.fixture(scope="module")
 def budget_curve():
-    """The script as a module (registered in ``sys.modules`` while the tests run: its dataclass needs it)."""
-    spec = importlib.util.spec_from_file_location("budget_curve", ROOT / "benchmarks" / "budget_curve.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+    yield from benchmark_script("budget_curve")
 
 
 def test_every_epoch_of_every_step_is_scored_on_the_validation_data(tmp_path, capsys, budget_curve):
