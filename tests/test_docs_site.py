@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clbench.analysis.reference_tables import BLOCK
-from clbench.docsite import cli_page, front, results, strategies
+from clbench.docsite import cli_page, front, results, strategies, text
 from clbench.registry import STRATEGIES
 
 ROOT = Path(__file__).parents[1]
@@ -49,6 +49,17 @@ def test_a_results_page_is_made_from_the_suites_records():
     assert "torch CPU kernels: not recorded" in page      # records made before the kernel set was recorded
     assert not HISTORY.search(page.split("## Leaderboard")[0]), "a results page's text names a date or commit"
     assert all(p.stem.count("__") == 1 for p in results.suite_plots("quick"))
+
+
+def test_a_suite_description_shows_its_placeholders_and_code_as_written():
+    import markdown
+
+    html = markdown.markdown(results.suite_page("dp_seqrec_games_paper").split("Make the same records")[0])
+    assert "&lt;label&gt; --epochs 20" in html and "&lt;out&gt;/artifacts/&lt;run_id&gt;" in html
+    assert "<label>" not in html and "<out>" not in html
+    assert text.prose("a <b> & `c <d> & e` f > g") == "a &lt;b&gt; &amp; `c <d> & e` f &gt; g"
+    code = markdown.markdown(text.prose("see `clbench show <out>/runs/<run_id>.json` & more"))
+    assert "<code>clbench show &lt;out&gt;/runs/&lt;run_id&gt;.json</code> &amp; more" in code
 
 
 def test_front_page_links_are_rewritten_for_the_site():

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from clbench.analysis.reference_tables import BLOCK, REFERENCE, render
+from clbench.docsite.text import prose
 from clbench.suite_file import shipped_suites
 
 RESULTS = REFERENCE.parent
@@ -63,7 +64,7 @@ def _curves(root: Path, suite: str) -> list[str]:
 
 def suite_page(suite: str, root: Path = RECORDS, reference: Path = REFERENCE) -> str:
     shipped = shipped_suites().get(suite)
-    description = " ".join(str(yaml.safe_load(shipped.read_text()).get("description", "")).split()) if shipped \
+    description = prose(" ".join(str(yaml.safe_load(shipped.read_text()).get("description", "")).split())) if shipped \
         else "Records of a suite that is not shipped as a file (its rows are described by the records themselves)."
     parts = [f"# {suite}", "", description, "",
              "Make the same records (finished runs with the same identity and code are skipped, so this resumes):",

@@ -7,6 +7,8 @@ import re
 from typing import Any
 
 _ROLE = re.compile(r":(?:class|func|data|mod|meth|attr|obj|exc):`~?([^`]+)`")
+_CODE_SPAN = re.compile(r"(`+).+?\1")
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 
 def docstring(obj: Any) -> str:
@@ -22,3 +24,18 @@ def cell(value: Any) -> str:
     """A value in a markdown table cell: code, pipes escaped."""
     text = value if isinstance(value, str) else repr(value)
     return "`" + text.replace("|", "\\|").replace("`", "'") + "`" if text else ""
+
+
+def _entities(text: str) -> str:
+    return re.sub("[&<>]", lambda m: _HTML[m.group(0)], text)
+
+
+def prose(text: str) -> str:
+    """``text`` written as markdown (code spans in backticks) made safe for the site's Markdown: outside code spans,
+    ``&``, ``<`` and ``>`` become HTML entities, so a placeholder such as ``<label>`` shows as written instead of
+    being read as an HTML tag and dropped (a backslash does not escape ``<`` in Python-Markdown)."""
+    parts, start = [], 0
+    for span in _CODE_SPAN.finditer(text):
+        parts += [_entities(text[start:span.start()]), span.group(0)]
+        start = span.end()
+    return "".join(parts) + _entities(text[start:])
